@@ -1,0 +1,69 @@
+"""The training lifecycle: one flow run carries a distributed job from spec to teardown.
+
+    validate -> track -> provision -> prepare image -> attempt k: launch, watch (snapshot each
+    commit), release, classify -> retry from the latest verified checkpoint, or finalize
+    -> teardown (always)
+
+Run it with `trainflow run SPEC`, from a deployment, or directly: `python -m flows.lifecycle SPEC`.
+"""
+
+from __future__ import annotations
+
+import sys
+from itertools import count
+
+from prefect import flow
+from prefect.states import Completed, Failed
+
+from tasks.attempts import classify_outcome, release_attempt
+from tasks.finalize import finalize
+from tasks.image import prepare_image
+from tasks.launch import find_resume_point, launch_attempt
+from tasks.provision import provision
+from tasks.snapshot import snapshot_checkpoint
+from tasks.teardown import teardown
+from tasks.tracking import start_tracking
+from tasks.validate import validate_spec
+from tasks.watch import watch_attempt
+from trainflow.spec import RunSpec, load_spec
+
+
+@flow(name="training-lifecycle", flow_run_name="{spec.name}")
+def training_lifecycle(spec: RunSpec, resume: bool = False):
+    """Train `spec` to its last step, recovering from failures; with `resume`, continue from the
+    newest verified checkpoint under the spec's checkpoint URI."""
+    spec = validate_spec(spec)
+    record = start_tracking(spec, resume)
+    provisioned = None
+    summary = None
+    try:
+        provisioned = provision(spec, record)
+        environment = prepare_image(spec, record, provisioned)
+        start_point = find_resume_point(spec) if resume else None
+        restore_from = start_point
+        results, snapshots = [], []
+        for attempt in count(1):
+            handle = launch_attempt(spec, provisioned, environment, attempt, restore_from)
+            resumed_from_step = restore_from.step if restore_from else 0
+            # watch in the background; meanwhile snapshot each commit it passes on, until it ends
+            watching = watch_attempt.submit(spec, record, provisioned, handle, resumed_from_step)
+            for commit in iter(provisioned.commits.get, None):
+                snapshots.append(snapshot_checkpoint(spec, record, provisioned, commit))
+            result = watching.result()
+            release_attempt(spec, record, provisioned, handle, result)
+            results.append(result)
+            decision = classify_outcome(spec, results)
+            if not decision.retry:
+                break
+            restore_from = find_resume_point(spec, record.run_id) or start_point
+        summary = finalize(spec, record, provisioned, results, decision, snapshots)
+    finally:
+        released = teardown(record, provisioned, finalized=summary is not None)
+    summary["teardown"] = released
+    if summary["status"] == "succeeded":
+        return Completed(message=f"finished at step {summary['final_step']}", data=summary)
+    return Failed(message=summary["reason"], data=summary)
+
+
+if __name__ == "__main__":
+    training_lifecycle(load_spec(sys.argv[1], sys.argv[2:]))

@@ -1,0 +1,72 @@
+"""finalize: the run's summary, checkpoint index and final figures, recorded in MLflow."""
+
+from __future__ import annotations
+
+from prefect import get_run_logger
+
+from tasks import lifecycle_task
+from tasks.records import CheckpointRecord, Provisioned, RunRecord
+from trainflow.checkpoint.catalog import list_committed, missing_or_resized
+from trainflow.checkpoint.storage import open_storage
+from trainflow.failures import AttemptResult, Decision
+from trainflow.home import resolve_checkpoint_uri
+from trainflow.spec import RunSpec
+from trainflow.summary import attempt_rows, goodput, run_status
+
+
+def checkpoint_index(spec: RunSpec, run_id: str) -> list[dict]:
+    """This run's checkpoints still in the store, each checked against its manifest's sizes."""
+    storage = open_storage(resolve_checkpoint_uri(spec.checkpoint.uri))
+    return [
+        {
+            "step": c.step,
+            "uri": f"{storage.uri}/{c.prefix}",
+            "verified": not missing_or_resized(storage, c),
+            "bytes": c.manifest.total_bytes,
+        }
+        for c in sorted(list_committed(storage, run_id), key=lambda c: c.step)
+    ]
+
+
+@lifecycle_task(name="finalize")
+def finalize(
+    spec: RunSpec,
+    record: RunRecord,
+    provisioned: Provisioned,
+    results: list[AttemptResult],
+    decision: Decision,
+    snapshots: list[CheckpointRecord],
+) -> dict:
+    """Summarise the attempts, index the checkpoints and close the MLflow run."""
+    status = run_status(results)
+    last = results[-1]
+    finished = last.finished or {}
+    checkpoints = checkpoint_index(spec, record.run_id)
+    summary = {
+        "status": status,
+        "reason": decision.reason,
+        "run_id": record.run_id,
+        "mlflow_run_id": record.mlflow_run_id,
+        "tracking_uri": record.tracking_uri,
+        "experiment": record.experiment,
+        "prefect_flow_run_id": record.prefect_flow_run_id,
+        "final_step": last.last_step,
+        "total_steps": spec.workload.steps,
+        "final_loss": finished.get("loss"),
+        "params_sha256": finished.get("params_sha256"),
+        "checkpoints": [{k: c[k] for k in ("step", "uri", "verified")} for c in checkpoints],
+        "snapshots_failed": [s.step for s in snapshots if not s.verified],
+        "attempts": attempt_rows(results),
+        "goodput": goodput(results),
+    }
+    tracker, run = provisioned.tracker, record.mlflow_run_id
+    tracker.set_tags(run, {"status": status, "reason": decision.reason[:5000], "params_sha256": summary["params_sha256"]})
+    figures = {"attempts": len(results), "final_step": summary["final_step"], "goodput": summary["goodput"]}
+    if summary["final_loss"] is not None:
+        figures["final_loss"] = summary["final_loss"]
+    tracker.log_metrics(run, [(k, v, summary["final_step"], last.ended_at) for k, v in figures.items() if v is not None])
+    tracker.log_json(run, checkpoints, "checkpoints/index.json")
+    tracker.log_json(run, summary, "summary.json")
+    tracker.end_run(run, "FINISHED" if status == "succeeded" else "FAILED")
+    get_run_logger().info("run %s %s at step %d: %s", record.run_id, status, summary["final_step"], decision.reason)
+    return summary

@@ -1,0 +1,32 @@
+"""prepare_image: the environment the workers will use, fingerprinted and checked against the lock."""
+
+from __future__ import annotations
+
+from prefect import get_run_logger
+
+from tasks import lifecycle_task
+from tasks.records import Provisioned, RunRecord
+from trainflow.environment import Environment, fingerprint_environment
+from trainflow.spec import RunSpec
+
+
+@lifecycle_task(name="prepare-image")
+def prepare_image(spec: RunSpec, record: RunRecord, provisioned: Provisioned) -> Environment:
+    """Refuse to launch in an environment that does not satisfy the lock; record the fingerprint."""
+    environment = fingerprint_environment()
+    provisioned.tracker.set_tags(
+        record.mlflow_run_id,
+        {
+            "env_fingerprint": environment.fingerprint,
+            "git_commit": environment.git_commit,
+            "git_dirty": str(environment.git_dirty).lower(),
+            "python_version": environment.python,
+            "torch_version": environment.torch,
+        },
+    )
+    provisioned.tracker.log_json(record.mlflow_run_id, environment.packages, "environment/packages.json")
+    get_run_logger().info(
+        "environment %s (commit %s%s)",
+        environment.fingerprint[:12], environment.git_commit[:12], ", dirty" if environment.git_dirty else "",
+    )
+    return environment

@@ -1,0 +1,51 @@
+"""find_resume_point and launch_attempt: where an attempt starts from, and starting it."""
+
+from __future__ import annotations
+
+from prefect import get_run_logger
+
+from tasks import lifecycle_task
+from tasks.records import Provisioned
+from trainflow.backends import AttemptHandle, AttemptPlan
+from trainflow.checkpoint.catalog import Committed, latest_verified
+from trainflow.checkpoint.storage import open_storage
+from trainflow.environment import Environment
+from trainflow.home import resolve_checkpoint_uri
+from trainflow.spec import RunSpec
+
+
+@lifecycle_task(name="find-resume-point")
+def find_resume_point(spec: RunSpec, run_id: str | None = None) -> Committed | None:
+    """The newest verified checkpoint, of this run or (run_id None) of any run under the URI."""
+    found = latest_verified(open_storage(resolve_checkpoint_uri(spec.checkpoint.uri)), run_id)
+    logger = get_run_logger()
+    if found is None:
+        logger.info("no verified checkpoint under %s: starting from step 0", spec.checkpoint.uri)
+    else:
+        logger.info("resuming from step %d (%s)", found.step, found.prefix)
+    return found
+
+
+def code_version(environment: Environment) -> str:
+    return environment.git_commit[:12] + ("-dirty" if environment.git_dirty else "")
+
+
+@lifecycle_task(name="launch-attempt", task_run_name="launch-attempt-{attempt}")
+def launch_attempt(
+    spec: RunSpec, provisioned: Provisioned, environment: Environment, attempt: int, restore_from: Committed | None
+) -> AttemptHandle:
+    """Start every node of attempt `attempt`, resuming from `restore_from` when given."""
+    provisioned.channel.begin_attempt(attempt)
+    plan = AttemptPlan(
+        attempt=attempt,
+        status_address=provisioned.channel.address,
+        status_token=provisioned.channel.token,
+        code_version=code_version(environment),
+        restore_prefix=restore_from.prefix if restore_from else None,
+    )
+    handle = provisioned.launcher.launch(spec, provisioned.allocation, plan)
+    get_run_logger().info(
+        "attempt %d: %d node(s) started from step %d; logs in %s",
+        attempt, handle.nodes, restore_from.step if restore_from else 0, handle.logs[0].parent,
+    )
+    return handle

@@ -1,0 +1,26 @@
+"""provision: reserve what the job needs (nodes, ports, scratch) and open the status channel."""
+
+from __future__ import annotations
+
+from prefect import get_run_logger
+
+from tasks import lifecycle_task
+from tasks.records import Provisioned, RunRecord
+from trainflow.backends import launcher_for
+from trainflow.home import runs_root
+from trainflow.spec import RunSpec
+from trainflow.status import StatusServer
+from trainflow.tracking import Tracker
+
+
+@lifecycle_task(name="provision")
+def provision(spec: RunSpec, record: RunRecord) -> Provisioned:
+    """Reserve the job's resources with its backend; nothing runs yet."""
+    launcher = launcher_for(spec)
+    allocation = launcher.provision(spec, record.run_id, runs_root() / record.run_id)
+    channel = StatusServer()
+    get_run_logger().info(
+        "provisioned %d %s node(s) x %d process(es); status channel on %s",
+        allocation.nodes, launcher.name, spec.resources.procs_per_node, channel.address,
+    )
+    return Provisioned(launcher=launcher, allocation=allocation, channel=channel, tracker=Tracker(record.tracking_uri))

@@ -1,0 +1,47 @@
+"""start_tracking: the lifecycle's MLflow run, with the parallel configuration and the spec."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from prefect.runtime import flow_run
+
+from tasks import lifecycle_task
+from tasks.records import RunRecord
+from trainflow.spec import RunSpec
+from trainflow.tracking import Tracker, spec_params, tracking_uri_for
+
+
+def new_run_id(spec: RunSpec) -> str:
+    return f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
+
+
+@lifecycle_task(name="start-tracking")
+def start_tracking(spec: RunSpec, resume: bool) -> RunRecord:
+    """Open the MLflow run of this lifecycle and record what it will compute."""
+    uri = tracking_uri_for(spec)
+    tracker = Tracker(uri)
+    run_id = new_run_id(spec)
+    experiment = spec.tracking.experiment or spec.name
+    flow_run_id = str(flow_run.id or "")
+    mlflow_run_id = tracker.start_run(
+        experiment,
+        run_name=run_id,
+        tags={
+            "trainflow.run_id": run_id,
+            "spec_hash": spec.spec_hash(),
+            "prefect_flow_run_id": flow_run_id,
+            "resume": str(resume).lower(),
+        },
+    )
+    tracker.log_params(mlflow_run_id, spec_params(spec))
+    tracker.log_text(mlflow_run_id, spec.to_yaml(), "spec/resolved_spec.yaml")
+    return RunRecord(
+        run_id=run_id,
+        mlflow_run_id=mlflow_run_id,
+        tracking_uri=uri,
+        experiment=experiment,
+        prefect_flow_run_id=flow_run_id,
+        started_at=time.time(),
+    )

@@ -1,0 +1,51 @@
+"""watch_attempt: follow one attempt until it ends, recording metrics and passing on commits."""
+
+from __future__ import annotations
+
+from prefect import get_run_logger
+
+from tasks import lifecycle_task
+from tasks.records import Provisioned, RunRecord
+from trainflow.backends import AttemptHandle
+from trainflow.failures import AttemptResult
+from trainflow.spec import RunSpec
+from trainflow.watcher import AttemptWatcher, WatchLimits
+
+
+@lifecycle_task(name="watch-attempt", task_run_name="watch-attempt-{handle.attempt}")
+def watch_attempt(
+    spec: RunSpec, record: RunRecord, provisioned: Provisioned, handle: AttemptHandle, resumed_from_step: int
+) -> AttemptResult:
+    """Watch exits, heartbeats and progress until the attempt ends; each commit goes to the snapshot
+    queue, which gets None when watching is over."""
+    logger = get_run_logger()
+
+    def on_event(event: dict) -> None:
+        kind = event["kind"]
+        if kind == "checkpoint":
+            provisioned.commits.put(event)
+        elif kind == "error":
+            logger.error("rank %s: %s: %s", event.get("rank"), event.get("type"), event.get("message"))
+        elif kind == "restored":
+            logger.info("rank %s restored step %s in %.2fs", event.get("rank"), event["step"], event["seconds"])
+
+    watcher = AttemptWatcher(
+        launcher=provisioned.launcher,
+        handle=handle,
+        channel=provisioned.channel,
+        limits=WatchLimits(
+            heartbeat_timeout_s=spec.fault_tolerance.heartbeat_timeout_s,
+            hang_timeout_s=spec.fault_tolerance.hang_timeout_s,
+        ),
+        world_size=spec.world_size,
+        resumed_from_step=resumed_from_step,
+        on_metrics=lambda rows: provisioned.tracker.log_metrics(record.mlflow_run_id, rows),
+        on_event=on_event,
+    )
+    try:
+        result = watcher.run()
+    finally:
+        provisioned.commits.put(None)
+    log = logger.info if result.outcome.value == "SUCCEEDED" else logger.warning
+    log("attempt %d ended %s at step %d: %s", result.attempt, result.outcome.value, result.last_step, result.reason)
+    return result

@@ -1,0 +1,84 @@
+"""The Launcher protocol and the plain records passed between lifecycle tasks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from trainflow.spec import RunSpec
+
+
+@dataclass
+class Allocation:
+    """What provision reserved for one lifecycle run; release gives all of it back."""
+
+    run_id: str
+    backend: str
+    nodes: int
+    scratch: Path
+    ports: dict[str, int] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AttemptPlan:
+    attempt: int
+    status_address: str
+    status_token: str
+    code_version: str
+    restore_prefix: str | None
+
+
+@dataclass
+class AttemptHandle:
+    attempt: int
+    nodes: int
+    started_at: float
+    logs: dict[int, Path]
+    processes: dict[int, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeExit:
+    node: int
+    returncode: int | None  # None while running; negative: killed by that signal
+
+    @property
+    def running(self) -> bool:
+        return self.returncode is None
+
+
+@dataclass
+class ReleaseReport:
+    stopped_processes: int = 0
+    released_ports: list[int] = field(default_factory=list)
+    removed_paths: list[str] = field(default_factory=list)
+    survivors: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not self.survivors
+
+    def as_dict(self) -> dict:
+        return {
+            "stopped_processes": self.stopped_processes,
+            "released_ports": self.released_ports,
+            "removed_paths": self.removed_paths,
+            "survivors": self.survivors,
+            "clean": self.clean,
+        }
+
+
+class Launcher(Protocol):
+    name: str
+
+    def provision(self, spec: RunSpec, run_id: str, scratch: Path) -> Allocation: ...
+
+    def launch(self, spec: RunSpec, allocation: Allocation, plan: AttemptPlan) -> AttemptHandle: ...
+
+    def poll(self, handle: AttemptHandle) -> list[NodeExit]: ...
+
+    def stop(self, handle: AttemptHandle, grace_s: float) -> int: ...
+
+    def release(self, allocation: Allocation) -> ReleaseReport: ...

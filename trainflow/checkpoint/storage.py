@@ -1,0 +1,115 @@
+"""Checkpoint storage over string URIs: a local directory or s3://bucket/prefix (boto3).
+
+Keys are '/'-separated paths below the root. `put_if_absent` is the commit primitive: it never
+overwrites, so two writers cannot both commit the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Protocol
+
+PARTIAL = ".partial-"  # suffix of a file still being written
+
+
+class StorageError(RuntimeError):
+    """The checkpoint store could not be read or written."""
+
+
+class AlreadyExists(StorageError):
+    """A conditional write found the key already present."""
+
+
+class Storage(Protocol):
+    uri: str
+
+    def upload(self, path: Path, key: str) -> None: ...
+    def download(self, key: str, path: Path) -> None: ...
+    def put_if_absent(self, key: str, data: bytes) -> None: ...
+    def read(self, key: str) -> bytes: ...
+    def size(self, key: str) -> int | None: ...
+    def list(self, prefix: str = "") -> list[str]: ...
+    def delete(self, keys: list[str]) -> None: ...
+    def check(self) -> None: ...
+
+
+class LocalStorage:
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.uri = str(self.root)
+
+    def _path(self, key: str) -> Path:
+        return self.root / key
+
+    def upload(self, path: Path, key: str) -> None:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f"{target.name}{PARTIAL}{os.getpid()}")
+        shutil.copyfile(path, partial)
+        os.replace(partial, target)
+
+    def download(self, key: str, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            shutil.copyfile(self._path(key), path)
+        except FileNotFoundError:
+            raise StorageError(f"{self.uri}/{key}: not found") from None
+
+    def put_if_absent(self, key: str, data: bytes) -> None:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f"{target.name}{PARTIAL}{os.getpid()}")
+        partial.write_bytes(data)
+        try:
+            os.link(partial, target)  # link() fails if the target exists: an atomic create-if-absent
+        except FileExistsError:
+            raise AlreadyExists(f"{self.uri}/{key} already exists") from None
+        finally:
+            partial.unlink(missing_ok=True)
+
+    def read(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise StorageError(f"{self.uri}/{key}: not found") from None
+
+    def size(self, key: str) -> int | None:
+        path = self._path(key)
+        return path.stat().st_size if path.is_file() else None
+
+    def list(self, prefix: str = "") -> list[str]:
+        base = self._path(prefix) if prefix else self.root
+        if not base.exists():
+            return []
+        return sorted(
+            str(p.relative_to(self.root))
+            for p in base.rglob("*")
+            if p.is_file() and PARTIAL not in p.name
+        )
+
+    def delete(self, keys: list[str]) -> None:
+        for key in keys:
+            self._path(key).unlink(missing_ok=True)
+        for key in keys:  # drop folders the deletes emptied
+            parent = self._path(key).parent
+            while parent != self.root and parent.is_dir() and not any(parent.iterdir()):
+                parent.rmdir()
+                parent = parent.parent
+
+    def check(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"{self.uri}: cannot create checkpoint directory ({exc.strerror})") from None
+        if not os.access(self.root, os.W_OK):
+            raise StorageError(f"{self.uri}: checkpoint directory is not writable")
+
+
+def open_storage(uri: str) -> Storage:
+    if uri.startswith("s3://"):
+        from trainflow.checkpoint.s3 import S3Storage  # boto3 only where S3 is used
+
+        return S3Storage(uri)
+    return LocalStorage(uri)

@@ -1,0 +1,97 @@
+"""Outcome kinds, how an ended attempt is classified, and which outcomes are worth a retry."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from enum import Enum
+
+from trainflow.backends.base import NodeExit
+from trainflow.runtime.reporter import EXIT_ORCHESTRATOR_LOST
+from trainflow.status import AttemptStatus
+
+INFRA_ERRORS = {"StorageError", "CheckpointInvalid", "ManifestError", "DistNetworkError", "DistStoreError"}
+
+
+class Outcome(str, Enum):
+    SUCCEEDED = "SUCCEEDED"
+    CRASHED = "CRASHED"
+    KILLED = "KILLED"
+    HUNG = "HUNG"
+    NODE_LOST = "NODE_LOST"
+    PREEMPTED = "PREEMPTED"
+    DIVERGED = "DIVERGED"
+    USER_ERROR = "USER_ERROR"
+    INFRA = "INFRA"
+    CANCELLED = "CANCELLED"
+
+
+RETRYABLE = {Outcome.CRASHED, Outcome.KILLED, Outcome.HUNG, Outcome.NODE_LOST, Outcome.PREEMPTED,
+             Outcome.DIVERGED, Outcome.INFRA}
+
+
+@dataclass
+class AttemptResult:
+    attempt: int
+    outcome: Outcome
+    reason: str
+    world_size: int
+    started_at: float
+    ended_at: float
+    detected_at: float
+    failed_at: float | None
+    last_step: int
+    resumed_from_step: int
+    first_step_at: float | None = None
+    finished: dict | None = None
+    step_time_total_s: float = 0.0
+    evidence: dict = field(default_factory=dict)
+
+    @property
+    def detection_latency_s(self) -> float | None:
+        return None if self.failed_at is None else max(0.0, self.detected_at - self.failed_at)
+
+
+def classify_exit(exits: list[NodeExit], status: AttemptStatus) -> tuple[Outcome, str]:
+    """The outcome of an attempt that ended because its processes exited."""
+    failed = [e for e in exits if not e.running and e.returncode != 0]
+    if not failed:
+        if status.finished is not None:
+            return Outcome.SUCCEEDED, f"finished at step {status.finished['step']}"
+        return Outcome.USER_ERROR, "workers exited 0 without finishing (did the script call run.finish()?)"
+    if status.errors:
+        error = status.errors[0]
+        kind = Outcome.INFRA if error.get("type") in INFRA_ERRORS else Outcome.USER_ERROR
+        return kind, f"rank {error.get('rank')} raised {error.get('type')} at step {error.get('step')}: {error.get('message')}"
+    first = failed[0]
+    if first.returncode == EXIT_ORCHESTRATOR_LOST:
+        return Outcome.INFRA, f"node {first.node} lost the orchestrator"
+    if first.returncode is not None and first.returncode < 0:
+        name = signal.Signals(-first.returncode).name
+        return Outcome.KILLED, f"node {first.node} was killed by {name}"
+    return Outcome.CRASHED, f"node {first.node} exited with code {first.returncode}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    retry: bool
+    reason: str
+
+
+def decide(max_restarts: int, results: list[AttemptResult]) -> Decision:
+    """After an attempt ends: take the retry branch, or finish (succeeded or failed) and say why."""
+    last = results[-1]
+    if last.outcome == Outcome.SUCCEEDED:
+        return Decision(False, last.reason)
+    if last.outcome not in RETRYABLE:
+        return Decision(False, f"{last.outcome.value} is not retried: {last.reason}")
+    if len(results) >= 2:
+        previous = results[-2]
+        if previous.outcome == last.outcome and previous.last_step == last.last_step:
+            return Decision(
+                False, f"crash loop: {last.outcome.value} twice at step {last.last_step}, stopping ({last.reason})"
+            )
+    restarts = len(results) - 1
+    if restarts >= max_restarts:
+        return Decision(False, f"restart budget spent ({max_restarts}): {last.outcome.value}: {last.reason}")
+    return Decision(True, f"{last.outcome.value}: {last.reason}; restart {restarts + 1} of {max_restarts}")

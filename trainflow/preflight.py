@@ -1,0 +1,25 @@
+"""Checks of a valid spec against this machine, made before anything is provisioned."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainflow.checkpoint.storage import StorageError, open_storage
+from trainflow.home import resolve_checkpoint_uri
+from trainflow.spec import RunSpec, SpecError
+
+
+def preflight(spec: RunSpec) -> None:
+    """Raise SpecError naming the field when the spec cannot run here."""
+    entrypoint = Path(spec.workload.entrypoint)
+    if not entrypoint.is_file():
+        raise SpecError(f"workload.entrypoint: {entrypoint} not found (relative to {Path.cwd()})")
+    if entrypoint.suffix != ".py":
+        raise SpecError(f"workload.entrypoint: {entrypoint} is not a Python script")
+    tracking = spec.tracking.uri
+    if tracking and not tracking.startswith(("sqlite:///", "http://", "https://", "databricks", "postgresql", "mysql")):
+        raise SpecError(f"tracking.uri: {tracking!r} is not a supported MLflow store (sqlite:///..., http(s)://...)")
+    try:
+        open_storage(resolve_checkpoint_uri(spec.checkpoint.uri)).check()
+    except StorageError as exc:
+        raise SpecError(f"checkpoint.uri: {exc}") from None

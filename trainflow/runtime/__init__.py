@@ -1,0 +1,174 @@
+"""What a training script sees of trainflow: init, restore, the step loop, log, checkpoint.
+
+    import trainflow.runtime as tf
+
+    run = tf.init()                                    # process group, seeds, device
+    model = DDP(Net().to(run.device))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    start = run.restore(model=model, optimizer=optimizer, data=batches)
+    for step in run.steps(start, samples_per_step=global_batch):
+        loss = train_step(batches.next())
+        run.log(loss=loss.item())                      # checkpoints happen every N steps by themselves
+    run.finish()
+
+Launched by `trainflow run SPEC`, never by hand: the orchestrator passes everything else.
+Workers report heartbeats, progress, metrics and events to the orchestrator only; they never
+write to MLflow or Prefect.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainflow.checkpoint.storage import open_storage
+from trainflow.runtime.checkpointing import Checkpointer, Stateful
+from trainflow.runtime.reporter import StatusReporter
+from trainflow.runtime.state import params_sha256, seed_everything
+from trainflow.worker_config import WorkerConfig
+
+__all__ = ["Run", "init"]
+
+
+class Run:
+    """One worker's view of the job; created by `init()`."""
+
+    def __init__(self, config: WorkerConfig):
+        self.config = config
+        self.rank = int(os.environ["RANK"])
+        self.world_size = int(os.environ["WORLD_SIZE"])
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.seed = config.seed
+        self.total_steps = config.total_steps
+        self.step = 0
+        self.device = self._pick_device()
+        self.reporter = StatusReporter(
+            config.status_address,
+            config.status_token,
+            identity={"rank": self.rank, "node": config.node, "attempt": config.attempt, "pid": os.getpid()},
+            heartbeat_interval_s=config.heartbeat_interval_s,
+            orchestrator_timeout_s=config.orchestrator_timeout_s,
+        )
+        self._install_error_reporting()
+        dist.init_process_group(
+            backend=config.comm_backend,
+            timeout=timedelta(seconds=config.collective_timeout_s),
+            device_id=self.device if self.device.type == "cuda" else None,
+        )
+        seed_everything(config.seed + self.rank)
+        self._checkpointer = Checkpointer(config, open_storage(config.checkpoint_uri), self.rank, self.world_size)
+        self._state: Stateful | None = None
+        self._metrics: dict[str, float] = {}
+        self._last_loss: float | None = None
+        self.reporter.send("started", world_size=self.world_size)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, **extras: Any) -> int:
+        """Register the training state; load the checkpoint the orchestrator chose. Returns the step to
+        continue after (0 for a fresh start). `extras` are objects with state_dict/load_state_dict
+        returning JSON values (a data loader's position, a scheduler)."""
+        self._state = Stateful(model=model, optimizer=optimizer, extras=extras)
+        prefix = self.config.restore_prefix
+        if not prefix:
+            return 0
+        started = time.perf_counter()
+        self.step = self._checkpointer.restore(prefix, self._state)
+        self.reporter.send("restored", step=self.step, prefix=prefix, seconds=time.perf_counter() - started)
+        return self.step
+
+    def steps(self, start: int = 0, samples_per_step: int | None = None) -> Iterator[int]:
+        """Yield the steps after `start` up to the job's total; reports progress and checkpoints."""
+        for step in range(start + 1, self.total_steps + 1):
+            began = time.perf_counter()
+            self.step = step
+            yield step
+            elapsed = time.perf_counter() - began
+            self._report_step(step, elapsed, samples_per_step)
+            if step % self.config.every_steps == 0 or step == self.total_steps:
+                self.checkpoint()
+
+    def log(self, **metrics: float) -> None:
+        """Metrics of the current step; rank 0's are recorded by the orchestrator."""
+        for name, value in metrics.items():
+            value = float(value)
+            if name == "loss" and not math.isfinite(value):
+                raise FloatingPointError(f"loss is {value} at step {self.step}")
+            self._metrics[name] = value
+        if "loss" in metrics:
+            self._last_loss = float(metrics["loss"])
+
+    def checkpoint(self) -> None:
+        """Save, publish and commit the registered state at the current step (collective)."""
+        if self._state is None:
+            raise RuntimeError("call run.restore(model=..., optimizer=...) before checkpointing")
+        result = self._checkpointer.save(self.step, self._state)
+        if result is not None:
+            self.reporter.send(
+                "checkpoint",
+                step=result.step,
+                prefix=result.prefix,
+                bytes=result.total_bytes,
+                stage_s=result.stage_s,
+                save_s=result.save_s,
+                upload_s=result.upload_s,
+            )
+
+    def finish(self) -> None:
+        """Report the final parameters' hash and leave the process group."""
+        if self._state is not None and self.is_main:
+            model_sd = self._checkpointer.model_state(self._state)
+            self.reporter.send(
+                "finished", step=self.step, params_sha256=params_sha256(model_sd), loss=self._last_loss
+            )
+        dist.barrier()
+        self.reporter.close()
+        dist.destroy_process_group()
+
+    def _report_step(self, step: int, elapsed: float, samples_per_step: int | None) -> None:
+        fields: dict[str, Any] = {"step": step, "step_time_s": elapsed}
+        if self.is_main:
+            metrics = dict(self._metrics, step_time_s=elapsed)
+            if samples_per_step:
+                metrics["samples_per_s"] = samples_per_step / elapsed
+            fields["metrics"] = metrics
+        self.reporter.send("progress", **fields)
+        self._metrics = {}
+
+    def _pick_device(self) -> torch.device:
+        if self.config.comm_backend == "nccl" and torch.cuda.is_available():
+            torch.cuda.set_device(self.local_rank)
+            return torch.device("cuda", self.local_rank)
+        return torch.device("cpu")
+
+    def _install_error_reporting(self) -> None:
+        previous = sys.excepthook
+
+        def report(kind, value, tb):
+            self.reporter.send(
+                "error",
+                type=kind.__name__,
+                message=str(value)[:2000],
+                traceback="".join(traceback.format_exception(kind, value, tb))[-8000:],
+                step=self.step,
+            )
+            self.reporter.close(timeout=2.0)
+            previous(kind, value, tb)
+
+        sys.excepthook = report
+
+
+def init() -> Run:
+    """Join the job: process group from torchrun's environment, seeds, device, status channel."""
+    return Run(WorkerConfig.from_env())

@@ -1,0 +1,93 @@
+"""Training state as DCP-safe tensors plus a small JSON document.
+
+DCP unpickles any non-tensor value it loads, so only tensors go through DCP; everything else
+(optimizer hyper-parameters, RNG states, data position, step) is JSON, which loads safely.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+TENSOR_REF = "__tensor__"
+
+
+def split_tensors(tree: Any, prefix: str = "") -> tuple[dict[str, torch.Tensor], Any]:
+    """Replace every tensor leaf by a reference; returns (tensors by dotted key, JSON-able tree)."""
+    tensors: dict[str, torch.Tensor] = {}
+
+    def walk(node: Any, path: str) -> Any:
+        if isinstance(node, torch.Tensor):
+            tensors[path] = node
+            return {TENSOR_REF: path}
+        if isinstance(node, dict):
+            return {str(k): walk(v, f"{path}.{k}" if path else str(k)) for k, v in node.items()}
+        if isinstance(node, (list, tuple)):
+            return [walk(v, f"{path}.{i}") for i, v in enumerate(node)]
+        if node is None or isinstance(node, (bool, int, float, str)):
+            return node
+        raise TypeError(f"{path}: {type(node).__name__} cannot be checkpointed (use tensors or JSON values)")
+
+    return tensors, walk(tree, prefix)
+
+
+def join_tensors(plain: Any, tensors: dict[str, torch.Tensor], int_keys: bool = False) -> Any:
+    """Inverse of split_tensors; dict keys that look like integers come back as ints if asked."""
+    if isinstance(plain, dict):
+        if set(plain) == {TENSOR_REF}:
+            return tensors[plain[TENSOR_REF]]
+        return {
+            (int(k) if int_keys and k.lstrip("-").isdigit() else k): join_tensors(v, tensors, int_keys)
+            for k, v in plain.items()
+        }
+    if isinstance(plain, list):
+        return [join_tensors(v, tensors, int_keys) for v in plain]
+    return plain
+
+
+def capture_rng() -> dict:
+    np_state = np.random.get_state()
+    return {
+        "python": _to_lists(random.getstate()),
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": torch.get_rng_state().tolist(),
+        "cuda": [s.tolist() for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
+    }
+
+
+def restore_rng(state: dict) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def params_sha256(named_tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over parameters in sorted-name order: equal hashes mean bit-identical models."""
+    digest = hashlib.sha256()
+    for name in sorted(named_tensors):
+        tensor = named_tensors[name].detach().to("cpu").contiguous()
+        digest.update(name.encode())
+        digest.update(str(tensor.dtype).encode())
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def _to_lists(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_to_lists(v) for v in value]
+    return value
