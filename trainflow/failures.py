@@ -52,6 +52,28 @@ class AttemptResult:
         return None if self.failed_at is None else max(0.0, self.detected_at - self.failed_at)
 
 
+PEER_FAILURE_SIGNS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "remote worker crashing",
+    "Broken pipe",
+    "NCCL communicator was aborted",
+)
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def is_peer_failure(error: dict) -> bool:
+    """An error a rank raised only because another rank went away: a symptom, not the cause."""
+    message = str(error.get("message", ""))
+    return any(sign in message for sign in PEER_FAILURE_SIGNS)
+
+
 def classify_exit(exits: list[NodeExit], status: AttemptStatus) -> tuple[Outcome, str]:
     """The outcome of an attempt that ended because its processes exited."""
     failed = [e for e in exits if not e.running and e.returncode != 0]
@@ -59,16 +81,19 @@ def classify_exit(exits: list[NodeExit], status: AttemptStatus) -> tuple[Outcome
         if status.finished is not None:
             return Outcome.SUCCEEDED, f"finished at step {status.finished['step']}"
         return Outcome.USER_ERROR, "workers exited 0 without finishing (did the script call run.finish()?)"
-    if status.errors:
-        error = status.errors[0]
+    causes = [e for e in status.errors if not is_peer_failure(e)]
+    if causes:
+        error = causes[0]
         kind = Outcome.INFRA if error.get("type") in INFRA_ERRORS else Outcome.USER_ERROR
         return kind, f"rank {error.get('rank')} raised {error.get('type')} at step {error.get('step')}: {error.get('message')}"
-    first = failed[0]
+    symptomatic = {e.get("node") for e in status.errors}
+    first = next((e for e in failed if e.node not in symptomatic), None)
+    if first is None:
+        return Outcome.INFRA, f"communication failed between nodes: {status.errors[0].get('message', '')[:300]}"
     if first.returncode == EXIT_ORCHESTRATOR_LOST:
         return Outcome.INFRA, f"node {first.node} lost the orchestrator"
     if first.returncode is not None and first.returncode < 0:
-        name = signal.Signals(-first.returncode).name
-        return Outcome.KILLED, f"node {first.node} was killed by {name}"
+        return Outcome.KILLED, f"node {first.node} was killed by {signal_name(-first.returncode)}"
     return Outcome.CRASHED, f"node {first.node} exited with code {first.returncode}"
 
 

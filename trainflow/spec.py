@@ -253,11 +253,11 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
 def describe_validation_error(exc: ValidationError) -> str:
     problems = []
     for error in exc.errors():
-        field = ".".join(str(p) for p in error["loc"]) or "spec"
+        field = ".".join(str(p) for p in error["loc"])
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
             message = "unknown key"
         elif error["type"] == "missing":
             message = "required field is missing"
-        problems.append(f"{field}: {message}")
+        problems.append(f"{field}: {message}" if field else message)
     return "; ".join(problems)

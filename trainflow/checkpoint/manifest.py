@@ -45,6 +45,8 @@ class Manifest:
     def from_json(cls, text: str | bytes) -> Manifest:
         try:
             raw = json.loads(text)
+            if not isinstance(raw, dict):
+                raise ValueError("not a JSON object")
             files = tuple(FileEntry(**f) for f in raw.pop("files"))
             manifest = cls(files=files, **raw)
         except (ValueError, TypeError, KeyError) as exc:

@@ -78,7 +78,8 @@ class S3Storage:
             raise self._fail(key, exc) from None
 
     def list(self, prefix: str = "") -> list[str]:
-        full = self._key(prefix) if prefix else (f"{self.prefix}/" if self.prefix else "")
+        # a prefix names a folder: listing run-1 must not return run-10
+        full = self._key(prefix.rstrip("/") + "/") if prefix else (f"{self.prefix}/" if self.prefix else "")
         strip = len(self.prefix) + 1 if self.prefix else 0
         keys = []
         try:

@@ -1,0 +1,146 @@
+"""trainflow.failures: classifying an ended attempt and deciding whether to retry."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainflow.backends.base import NodeExit
+from trainflow.failures import AttemptResult, Outcome, classify_exit, decide
+from trainflow.runtime.reporter import EXIT_ORCHESTRATOR_LOST
+from trainflow.status import AttemptStatus
+
+
+def result(attempt: int, outcome: Outcome, last_step: int = 10, reason: str = "why") -> AttemptResult:
+    return AttemptResult(
+        attempt=attempt,
+        outcome=outcome,
+        reason=reason,
+        world_size=2,
+        started_at=0.0,
+        ended_at=1.0,
+        detected_at=1.0,
+        failed_at=None,
+        last_step=last_step,
+        resumed_from_step=0,
+    )
+
+
+# --- decide ----------------------------------------------------------------------------------------
+
+
+def test_success_is_not_retried():
+    decision = decide(3, [result(1, Outcome.SUCCEEDED, reason="finished at step 100")])
+    assert decision.retry is False
+    assert decision.reason == "finished at step 100"
+
+
+@pytest.mark.parametrize("outcome", [Outcome.USER_ERROR, Outcome.CANCELLED])
+def test_non_retryable_outcomes_stop(outcome):
+    decision = decide(3, [result(1, outcome)])
+    assert decision.retry is False
+    assert "not retried" in decision.reason
+
+
+@pytest.mark.parametrize(
+    "outcome", [Outcome.CRASHED, Outcome.KILLED, Outcome.HUNG, Outcome.NODE_LOST, Outcome.PREEMPTED, Outcome.INFRA]
+)
+def test_retryable_outcome_with_budget_is_retried(outcome):
+    decision = decide(3, [result(1, outcome)])
+    assert decision.retry is True
+    assert "restart 1 of 3" in decision.reason
+
+
+def test_budget_spent_stops():
+    results = [result(1, Outcome.CRASHED, 10), result(2, Outcome.CRASHED, 20), result(3, Outcome.CRASHED, 30)]
+    decision = decide(2, results)
+    assert decision.retry is False
+    assert "budget" in decision.reason
+
+
+def test_last_restart_within_budget_is_taken():
+    results = [result(1, Outcome.CRASHED, 10), result(2, Outcome.CRASHED, 20)]
+    decision = decide(2, results)
+    assert decision.retry is True and "restart 2 of 2" in decision.reason
+
+
+def test_no_restarts_allowed():
+    decision = decide(0, [result(1, Outcome.CRASHED)])
+    assert decision.retry is False and "budget" in decision.reason
+
+
+def test_crash_loop_stops_even_with_budget():
+    results = [result(1, Outcome.CRASHED, 40), result(2, Outcome.CRASHED, 40)]
+    decision = decide(10, results)
+    assert decision.retry is False
+    assert "crash loop" in decision.reason
+
+
+def test_same_step_but_different_outcome_is_not_a_crash_loop():
+    results = [result(1, Outcome.NODE_LOST, 40), result(2, Outcome.CRASHED, 40)]
+    assert decide(10, results).retry is True
+
+
+def test_same_outcome_with_progress_is_not_a_crash_loop():
+    results = [result(1, Outcome.CRASHED, 40), result(2, Outcome.CRASHED, 60)]
+    assert decide(10, results).retry is True
+
+
+# --- classify_exit ----------------------------------------------------------------------------------
+
+
+def status(finished: dict | None = None, errors: list[dict] | None = None) -> AttemptStatus:
+    return AttemptStatus(attempt=1, finished=finished, errors=errors or [])
+
+
+def test_all_zero_and_finished_is_success():
+    outcome, reason = classify_exit([NodeExit(0, 0), NodeExit(1, 0)], status(finished={"step": 200}))
+    assert outcome == Outcome.SUCCEEDED
+    assert "200" in reason
+
+
+def test_all_zero_without_finish_is_a_user_error():
+    outcome, reason = classify_exit([NodeExit(0, 0), NodeExit(1, 0)], status())
+    assert outcome == Outcome.USER_ERROR
+    assert "finish" in reason
+
+
+def test_user_exception_names_the_rank():
+    error = {"rank": 3, "type": "ValueError", "step": 17, "message": "bad shape"}
+    outcome, reason = classify_exit([NodeExit(0, 1), NodeExit(1, 0)], status(errors=[error]))
+    assert outcome == Outcome.USER_ERROR
+    assert "rank 3" in reason and "ValueError" in reason and "bad shape" in reason
+
+
+def test_storage_error_is_infra():
+    error = {"rank": 0, "type": "StorageError", "step": 5, "message": "s3 down"}
+    outcome, _ = classify_exit([NodeExit(0, 1)], status(errors=[error]))
+    assert outcome == Outcome.INFRA
+
+
+def test_killed_by_signal():
+    outcome, reason = classify_exit([NodeExit(0, 0), NodeExit(1, -9)], status())
+    assert outcome == Outcome.KILLED
+    assert "SIGKILL" in reason and "node 1" in reason
+
+
+def test_orchestrator_lost_is_infra():
+    outcome, reason = classify_exit([NodeExit(0, EXIT_ORCHESTRATOR_LOST)], status())
+    assert EXIT_ORCHESTRATOR_LOST == 75
+    assert outcome == Outcome.INFRA
+    assert "orchestrator" in reason
+
+
+def test_plain_nonzero_exit_is_a_crash():
+    outcome, reason = classify_exit([NodeExit(0, 0), NodeExit(1, 2)], status())
+    assert outcome == Outcome.CRASHED
+    assert "node 1" in reason and "code 2" in reason
+
+
+def test_running_nodes_do_not_count_as_failed():
+    outcome, _ = classify_exit([NodeExit(0, None), NodeExit(1, 0)], status(finished={"step": 5}))
+    assert outcome == Outcome.SUCCEEDED
+
+
+def test_killed_by_a_real_time_signal():
+    outcome, _ = classify_exit([NodeExit(0, -35)], status())
+    assert outcome == Outcome.KILLED
