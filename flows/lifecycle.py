@@ -1,8 +1,8 @@
 """The training lifecycle: one flow run carries a distributed job from spec to teardown.
 
     validate -> track -> provision -> prepare image -> attempt k: launch, watch (snapshot each
-    commit), release, classify -> retry from the latest verified checkpoint, or finalize
-    -> teardown (always)
+    commit), release, classify -> retry branch: back off, replace or exclude the failed node,
+    resume from the latest verified checkpoint -> finalize -> teardown (always)
 
 Run it with `trainflow run SPEC`, from a deployment, or directly: `python -m flows.lifecycle SPEC`.
 """
@@ -10,30 +10,37 @@ Run it with `trainflow run SPEC`, from a deployment, or directly: `python -m flo
 from __future__ import annotations
 
 import sys
+import time
+from dataclasses import asdict
 from itertools import count
 
 from prefect import flow
 from prefect.states import Completed, Failed
 
-from tasks.attempts import classify_outcome, release_attempt
+from tasks.attempts import classify_outcome, recover_nodes, release_attempt
+from tasks.chaos import inject_fault
 from tasks.finalize import finalize
 from tasks.image import prepare_image
 from tasks.launch import find_resume_point, launch_attempt
 from tasks.provision import provision
+from tasks.reporting import report_attempt, report_checkpoint, report_run, start_report
 from tasks.snapshot import snapshot_checkpoint
 from tasks.teardown import teardown
 from tasks.tracking import start_tracking
 from tasks.validate import validate_spec
 from tasks.watch import watch_attempt
+from trainflow.chaos import FaultPlan
 from trainflow.spec import RunSpec, load_spec
 
 
 @flow(name="training-lifecycle", flow_run_name="{spec.name}")
-def training_lifecycle(spec: RunSpec, resume: bool = False):
+def training_lifecycle(spec: RunSpec, resume: bool = False, chaos: FaultPlan | None = None):
     """Train `spec` to its last step, recovering from failures; with `resume`, continue from the
-    newest verified checkpoint under the spec's checkpoint URI."""
+    newest verified checkpoint under the spec's checkpoint URI. `chaos` (drills only) injects one
+    fault into the first attempt."""
     spec = validate_spec(spec)
     record = start_tracking(spec, resume)
+    start_report(spec, record)
     provisioned = None
     summary = None
     try:
@@ -49,10 +56,12 @@ def training_lifecycle(spec: RunSpec, resume: bool = False):
             watching = watch_attempt.submit(spec, record, provisioned, handle, resumed_from_step)
             for commit in iter(provisioned.commits.get, None):
                 snapshots.append(snapshot_checkpoint(spec, record, provisioned, commit))
+                report_checkpoint(record, snapshots[-1])
             result = watching.result()
             release_attempt(spec, record, provisioned, handle, result)
             results.append(result)
             decision = classify_outcome(spec, results)
+            report_attempt(record, result, decision)
             if not decision.retry:
                 break
             restore_from = find_resume_point(spec, record.run_id) or start_point
@@ -60,6 +69,7 @@ def training_lifecycle(spec: RunSpec, resume: bool = False):
     finally:
         released = teardown(record, provisioned, finalized=summary is not None)
     summary["teardown"] = released
+    report_run(spec, record, summary)
     if summary["status"] == "succeeded":
         return Completed(message=f"finished at step {summary['final_step']}", data=summary)
     return Failed(message=summary["reason"], data=summary)

@@ -1,4 +1,5 @@
-"""release_attempt and classify_outcome: end an attempt completely, then choose the branch."""
+"""release_attempt, classify_outcome and recover_nodes: end an attempt completely, choose the
+branch, and bring the failed node back (or leave it out) for the next attempt."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ from trainflow.backends import AttemptHandle
 from trainflow.failures import AttemptResult, Decision, decide
 from trainflow.spec import RunSpec
 
+STOP_GRACE_S = 3.0
+
 
 @lifecycle_task(name="release-attempt", task_run_name="release-attempt-{handle.attempt}")
 def release_attempt(
     spec: RunSpec, record: RunRecord, provisioned: Provisioned, handle: AttemptHandle, result: AttemptResult
 ) -> int:
     """Stop whatever is left of the attempt and record it as a nested MLflow run."""
-    stopped = provisioned.launcher.stop(handle, grace_s=spec.fault_tolerance.preemption_grace_s)
+    # by now the outcome is known and a preempted attempt has saved; what is left only needs ending
+    stopped = provisioned.launcher.stop(handle, grace_s=STOP_GRACE_S)
     tracker = provisioned.tracker
     child = tracker.start_run(
         record.experiment,
@@ -49,6 +53,30 @@ def release_attempt(
 @lifecycle_task(name="classify-outcome")
 def classify_outcome(spec: RunSpec, results: list[AttemptResult]) -> Decision:
     """Retry branch or finish: retryable outcome, budget left, and not a crash loop."""
-    decision = decide(spec.fault_tolerance.max_restarts, results)
+    decision = decide(spec.fault_tolerance, results)
     get_run_logger().info("%s: %s", "retry" if decision.retry else "finish", decision.reason)
     return decision
+
+
+@lifecycle_task(name="recover-nodes")
+def recover_nodes(spec: RunSpec, provisioned: Provisioned, handle: AttemptHandle, result: AttemptResult) -> RunSpec:
+    """Replace the node an attempt lost; if it cannot come back and min_nodes allows, go on without it."""
+    node = result.evidence.get("node")
+    if result.outcome.value != "NODE_LOST" or node is None:
+        return spec
+    logger = get_run_logger()
+    slot = handle.slots[node] if handle.slots else node
+    replace = getattr(provisioned.launcher, "replace_node", None)
+    if replace is not None and replace(provisioned.allocation, slot):
+        logger.info("node %d replaced for the next attempt", node)
+        return spec
+    minimum = spec.resources.min_nodes or spec.resources.nodes
+    if spec.resources.nodes - 1 < minimum:
+        logger.warning("node %d cannot come back and min_nodes is %d: retrying with all nodes", node, minimum)
+        return spec
+    if slot in provisioned.allocation.slots:
+        provisioned.allocation.slots.remove(slot)
+    smaller = spec.with_nodes(spec.resources.nodes - 1)
+    logger.warning("node %d excluded: continuing on %d node(s), world size %d", node, smaller.resources.nodes,
+                   smaller.world_size)
+    return smaller

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from trainflow.backends.base import NodeExit
+from trainflow.spec import FaultTolerance
 from trainflow.runtime.reporter import EXIT_ORCHESTRATOR_LOST
 from trainflow.status import AttemptStatus
 
@@ -81,6 +82,14 @@ def classify_exit(exits: list[NodeExit], status: AttemptStatus) -> tuple[Outcome
         if status.finished is not None:
             return Outcome.SUCCEEDED, f"finished at step {status.finished['step']}"
         return Outcome.USER_ERROR, "workers exited 0 without finishing (did the script call run.finish()?)"
+    if status.diverged is not None:
+        hashes = status.diverged.get("hashes")
+        return Outcome.DIVERGED, f"replicas diverged at step {status.diverged.get('step')} (parameter hashes {hashes})"
+    if status.preempted is not None:
+        return Outcome.PREEMPTED, (
+            f"preempted (SIGTERM to rank {status.preempted.get('rank')}): emergency checkpoint at step "
+            f"{status.preempted.get('step')} committed"
+        )
     causes = [e for e in status.errors if not is_peer_failure(e)]
     if causes:
         error = causes[0]
@@ -101,22 +110,39 @@ def classify_exit(exits: list[NodeExit], status: AttemptStatus) -> tuple[Outcome
 class Decision:
     retry: bool
     reason: str
+    backoff_s: float = 0.0
 
 
-def decide(max_restarts: int, results: list[AttemptResult]) -> Decision:
+def budget_for(outcome: Outcome, policy: FaultTolerance) -> tuple[str, int]:
+    """Which budget an outcome draws on: preemptions, infrastructure and user errors have their own."""
+    if outcome == Outcome.PREEMPTED:
+        return "preemption", policy.max_preemptions
+    if outcome == Outcome.INFRA:
+        return "infrastructure", policy.max_infra_failures
+    if outcome == Outcome.USER_ERROR:
+        return "user-error", policy.max_user_errors
+    return "restart", policy.max_restarts
+
+
+def decide(policy: FaultTolerance, results: list[AttemptResult]) -> Decision:
     """After an attempt ends: take the retry branch, or finish (succeeded or failed) and say why."""
     last = results[-1]
     if last.outcome == Outcome.SUCCEEDED:
         return Decision(False, last.reason)
-    if last.outcome not in RETRYABLE:
+    if last.outcome.value not in {kind.value for kind in policy.retry_on}:
         return Decision(False, f"{last.outcome.value} is not retried: {last.reason}")
-    if len(results) >= 2:
+    if len(results) >= 2 and last.outcome != Outcome.PREEMPTED:
         previous = results[-2]
         if previous.outcome == last.outcome and previous.last_step == last.last_step:
             return Decision(
                 False, f"crash loop: {last.outcome.value} twice at step {last.last_step}, stopping ({last.reason})"
             )
-    restarts = len(results) - 1
-    if restarts >= max_restarts:
-        return Decision(False, f"restart budget spent ({max_restarts}): {last.outcome.value}: {last.reason}")
-    return Decision(True, f"{last.outcome.value}: {last.reason}; restart {restarts + 1} of {max_restarts}")
+    name, budget = budget_for(last.outcome, policy)
+    used = sum(1 for r in results if budget_for(r.outcome, policy)[0] == name)
+    if used > budget:
+        return Decision(False, f"{name} budget spent ({budget}): {last.outcome.value}: {last.reason}")
+    backoff = 0.0
+    if last.outcome != Outcome.PREEMPTED:  # a reclaimed machine is not a reason to wait
+        retries = sum(1 for r in results if r.outcome != Outcome.PREEMPTED)
+        backoff = min(policy.backoff_max_s, policy.backoff_s * 2 ** (retries - 1))
+    return Decision(True, f"{last.outcome.value}: {last.reason}; {name} retry {used} of {budget}", backoff)

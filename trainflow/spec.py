@@ -10,7 +10,7 @@ import hashlib
 import json
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -41,6 +41,11 @@ class Backend(str, Enum):
     kubernetes = "kubernetes"
 
 
+class LocalNetwork(str, Enum):
+    loopback = "loopback"
+    namespaces = "namespaces"
+
+
 class Resources(Section):
     """Where the job runs and how big it is."""
 
@@ -57,6 +62,16 @@ class Resources(Section):
         description="Memory per node, Kubernetes quantity (e.g. 2Gi).",
     )
     gpu: Annotated[int, Field(ge=0, le=16)] = Field(default=0, title="GPUs per node", description="GPUs per node.")
+    network: LocalNetwork = Field(
+        default=LocalNetwork.loopback,
+        title="Local network",
+        description="Local backend: all nodes on loopback, or each in its own network namespace (root; node-loss drills).",
+    )
+    min_nodes: Annotated[int, Field(gt=0, le=1024)] | None = Field(
+        default=None,
+        title="Minimum nodes",
+        description="Continue with this many nodes when lost ones cannot come back (default: all nodes).",
+    )
 
     @property
     def world_size(self) -> int:
@@ -115,30 +130,85 @@ class Checkpoint(Section):
         return self.uri.startswith("s3://")
 
 
+class FailureKind(str, Enum):
+    """Outcomes of a failed attempt that the retry policy can name."""
+
+    CRASHED = "CRASHED"
+    KILLED = "KILLED"
+    HUNG = "HUNG"
+    NODE_LOST = "NODE_LOST"
+    PREEMPTED = "PREEMPTED"
+    DIVERGED = "DIVERGED"
+    USER_ERROR = "USER_ERROR"
+    INFRA = "INFRA"
+
+
+DEFAULT_RETRY_ON = [k for k in FailureKind if k != FailureKind.USER_ERROR]
+
+
 class FaultTolerance(Section):
-    """How failures are detected and retried."""
+    """How failures are detected, classified and retried."""
 
     max_restarts: Annotated[int, Field(ge=0, le=100)] = Field(
-        default=3, title="Max restarts", description="Attempts after the first one before the run fails."
+        default=3,
+        title="Max restarts",
+        description="Retries after crashes, kills, hangs, lost nodes and divergence before the run fails.",
     )
+    max_preemptions: Annotated[int, Field(ge=0, le=1000)] = Field(
+        default=10, title="Max preemptions", description="Separate budget of retries after preemptions."
+    )
+    max_infra_failures: Annotated[int, Field(ge=0, le=100)] = Field(
+        default=3, title="Max infrastructure failures", description="Separate budget after rendezvous/storage failures."
+    )
+    max_user_errors: Annotated[int, Field(ge=0, le=100)] = Field(
+        default=0, title="Max user errors", description="Retries after an exception in the training code or a NaN loss."
+    )
+    retry_on: list[FailureKind] = Field(
+        default_factory=lambda: list(DEFAULT_RETRY_ON),
+        title="Retry on",
+        description="Outcomes that take the retry branch (USER_ERROR also needs max_user_errors > 0).",
+    )
+    backoff_s: Annotated[float, Field(ge=0, le=3600)] = Field(
+        default=1.0, title="Backoff (s)", description="Wait before the first retry; doubles each retry. Not after preemptions."
+    )
+    backoff_max_s: Annotated[float, Field(ge=0, le=3600)] = Field(default=60.0, title="Longest backoff (s)")
     heartbeat_interval_s: Annotated[float, Field(gt=0, le=60)] = Field(default=1.0, title="Heartbeat interval (s)")
     heartbeat_timeout_s: Annotated[float, Field(gt=0, le=3600)] = Field(
         default=10.0, title="Heartbeat timeout (s)", description="A node silent this long is lost."
     )
     hang_timeout_s: Annotated[float, Field(gt=0, le=86400)] | None = Field(
-        default=None, title="Hang timeout (s)", description="No step progress this long is a hang (default: derived)."
+        default=None,
+        title="Hang timeout (s)",
+        description="No step progress this long is a hang (default: 20 x the slowest step, at least 30 s).",
     )
-    preemption_grace_s: Annotated[float, Field(gt=0, le=3600)] = Field(default=30.0, title="Preemption grace (s)")
+    preemption_grace_s: Annotated[float, Field(gt=0, le=3600)] = Field(
+        default=30.0, title="Preemption grace (s)", description="Time from SIGTERM to SIGKILL: the emergency checkpoint must fit."
+    )
     orchestrator_timeout_s: Annotated[float, Field(gt=0, le=3600)] = Field(
         default=30.0,
         title="Orchestrator timeout (s)",
         description="Workers stop when the orchestrator has been unreachable this long.",
     )
+    straggler_factor: Annotated[float, Field(gt=1, le=100)] = Field(
+        default=1.5, title="Straggler factor", description="Compute time above this multiple of the other ranks' median..."
+    )
+    straggler_steps: Annotated[int, Field(ge=1, le=10000)] = Field(
+        default=5, title="Straggler steps", description="...for this many reports in a row marks a straggler."
+    )
+    divergence_check_every_steps: Annotated[int, Field(ge=0, le=1_000_000)] = Field(
+        default=50, title="Divergence check every N steps", description="Compare replicas' parameter hashes (0: never)."
+    )
 
     @model_validator(mode="after")
-    def _heartbeat_timeout_exceeds_interval(self) -> FaultTolerance:
+    def _consistent(self) -> FaultTolerance:
         if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
             raise ValueError("heartbeat_timeout_s must be more than twice heartbeat_interval_s")
+        if self.backoff_max_s < self.backoff_s:
+            raise ValueError("backoff_max_s must be at least backoff_s")
+        if len(set(self.retry_on)) != len(self.retry_on):
+            raise ValueError("retry_on lists an outcome twice")
+        if FailureKind.USER_ERROR in self.retry_on and self.max_user_errors == 0:
+            raise ValueError("retry_on includes USER_ERROR but max_user_errors is 0")
         return self
 
 
@@ -149,6 +219,92 @@ class Tracking(Section):
         default=None, title="MLflow tracking URI", description="Default: sqlite:///<TRAINFLOW_HOME>/mlflow.db."
     )
     experiment: str | None = Field(default=None, title="Experiment", description="Default: the spec's name.")
+
+
+class LaunchApi(str, Enum):
+    indexed_job = "indexed-job"
+    jobset = "jobset"
+    pytorchjob = "pytorchjob"
+
+
+class Toleration(Section):
+    """One Kubernetes toleration, written as in a pod spec."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: Annotated[int, Field(ge=0)] | None = Field(default=None, alias="tolerationSeconds")
+
+    @model_validator(mode="after")
+    def _as_kubernetes_accepts_it(self) -> Toleration:
+        if self.key is None and self.operator != "Exists":
+            raise ValueError("a toleration without a key needs operator: Exists")
+        if self.operator == "Exists" and self.value is not None:
+            raise ValueError("a toleration with operator: Exists takes no value")
+        return self
+
+
+_DNS_LABEL = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+_DNS_SUBDOMAIN = r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$"
+_QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$"
+
+
+class Kubernetes(Section):
+    """Where and how the job runs with resources.backend: kubernetes (ignored by other backends)."""
+
+    namespace: str = Field(default="default", pattern=_DNS_LABEL, title="Namespace")
+    image: str | None = Field(
+        default=None,
+        title="Image",
+        description="Worker image: a reference with a tag or digest is used as is; a bare repository gets "
+        "a tag derived from the lock file and code, built in the cluster when missing.",
+    )
+    service_account: str | None = Field(
+        default=None, pattern=_DNS_SUBDOMAIN, title="Service account", description="Of the worker pods."
+    )
+    launch_api: LaunchApi = Field(
+        default=LaunchApi.indexed_job,
+        title="Launch API",
+        description="indexed-job (built in), jobset or pytorchjob (need those CRDs in the cluster).",
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict, title="Node selector")
+    tolerations: list[Toleration] = Field(default_factory=list, title="Tolerations")
+    topology_key: str | None = Field(
+        default=None,
+        title="Topology key",
+        description="Keep all nodes of the job in one domain of this node label (e.g. topology.kubernetes.io/zone).",
+    )
+    kueue_queue: str | None = Field(
+        default=None, pattern=_DNS_SUBDOMAIN, title="Kueue queue", description="LocalQueue for gang admission."
+    )
+    s3_secret: str | None = Field(
+        default=None,
+        pattern=_DNS_SUBDOMAIN,
+        title="S3 credentials secret",
+        description="Name of a Secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and optionally "
+        "AWS_ENDPOINT_URL_S3, AWS_DEFAULT_REGION); never the keys themselves.",
+    )
+    registry_secret: str | None = Field(
+        default=None,
+        pattern=_DNS_SUBDOMAIN,
+        title="Registry secret",
+        description="A kubernetes.io/dockerconfigjson Secret: pulls the image and pushes in-cluster builds.",
+    )
+    local_tier_volume: str | None = Field(
+        default=None,
+        pattern=_QUANTITY,
+        title="Local tier volume",
+        description="Size limit of each node's local checkpoint tier (an emptyDir, e.g. 50Gi); unlimited if unset.",
+    )
+    status_host: str | None = Field(
+        default=None,
+        title="Status host",
+        description="Address pods use to reach the orchestrator's status channel "
+        "(default: TRAINFLOW_STATUS_HOST, set to the flow pod's IP by the work-pool template).",
+    )
 
 
 class RunSpec(Section):
@@ -166,6 +322,19 @@ class RunSpec(Section):
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
     fault_tolerance: FaultTolerance = Field(default_factory=FaultTolerance)
     tracking: Tracking = Field(default_factory=Tracking)
+    kubernetes: Kubernetes = Field(default_factory=Kubernetes)
+
+    @model_validator(mode="after")
+    def _kubernetes_needs_shared_storage_and_image(self) -> RunSpec:
+        if self.resources.backend != Backend.kubernetes:
+            return self
+        if not self.checkpoint.is_s3:
+            raise ValueError(
+                "checkpoint.uri: the kubernetes backend needs an s3:// URI (pods and the orchestrator share no disk)"
+            )
+        if not self.kubernetes.image:
+            raise ValueError("kubernetes.image: required with resources.backend: kubernetes (a repository or image)")
+        return self
 
     @model_validator(mode="after")
     def _degrees_match_world_size(self) -> RunSpec:
@@ -183,6 +352,12 @@ class RunSpec(Section):
                 f"parallel: data × tensor × pipeline = {product} but the world size "
                 f"(nodes × procs_per_node) is {world}"
             )
+        min_nodes = self.resources.min_nodes
+        if min_nodes is not None:
+            if min_nodes > self.resources.nodes:
+                raise ValueError(f"resources.min_nodes: {min_nodes} is more than resources.nodes ({self.resources.nodes})")
+            if (min_nodes * self.resources.procs_per_node) % model_degree:
+                raise ValueError(f"resources.min_nodes: tensor × pipeline = {model_degree} does not divide the smaller world")
         if self.parallel.backend == CommBackend.nccl and self.resources.gpu == 0:
             raise ValueError("parallel.backend: nccl needs resources.gpu > 0")
         if self.resources.gpu and self.resources.procs_per_node > self.resources.gpu:
@@ -192,6 +367,13 @@ class RunSpec(Section):
     @property
     def world_size(self) -> int:
         return self.resources.world_size
+
+    def with_nodes(self, nodes: int) -> RunSpec:
+        """The same job on fewer nodes (after a lost node is excluded); degrees follow the world size."""
+        raw = self.model_dump(mode="json")
+        raw["resources"]["nodes"] = nodes
+        raw["parallel"]["data"] = None
+        return RunSpec.model_validate(raw)
 
     def comm_backend(self) -> str:
         if self.parallel.backend != CommBackend.auto:

@@ -14,7 +14,10 @@ import socket
 import socketserver
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
+
+COMPUTE_WINDOW = 64  # recent per-step compute times kept per rank, for straggler detection
 
 
 @dataclass
@@ -26,6 +29,7 @@ class RankStatus:
     step: int = 0
     step_time_s: float | None = None
     progressed_at: float = 0.0
+    compute_s: deque = field(default_factory=lambda: deque(maxlen=COMPUTE_WINDOW))
 
 
 @dataclass
@@ -37,6 +41,8 @@ class AttemptStatus:
     errors: list[dict] = field(default_factory=list)
     restored_step: int | None = None
     first_step_at: float | None = None
+    preempted: dict | None = None
+    diverged: dict | None = None
 
     def min_step(self) -> int:
         return min((r.step for r in self.ranks.values()), default=0)
@@ -83,11 +89,13 @@ class StatusServer:
             return AttemptStatus(
                 attempt=current.attempt,
                 started_at=current.started_at,
-                ranks={k: RankStatus(**vars(v)) for k, v in current.ranks.items()},
+                ranks={k: RankStatus(**{**vars(v), "compute_s": deque(v.compute_s)}) for k, v in current.ranks.items()},
                 finished=dict(current.finished) if current.finished else None,
                 errors=list(current.errors),
                 restored_step=current.restored_step,
                 first_step_at=current.first_step_at,
+                preempted=current.preempted,
+                diverged=current.diverged,
             )
 
     def close(self) -> None:
@@ -140,6 +148,8 @@ class StatusServer:
                 status.step = int(message["step"])
                 status.step_time_s = message.get("step_time_s")
                 status.progressed_at = now
+                if "compute_s" in message:
+                    status.compute_s.append(float(message["compute_s"]))
                 if current.first_step_at is None:
                     current.first_step_at = now
             elif kind == "restored":
@@ -149,7 +159,12 @@ class StatusServer:
                 current.finished = message
             elif kind == "error":
                 current.errors.append(message)
+            elif kind == "preempted":
+                if current.preempted is None or message.get("signalled"):
+                    current.preempted = message  # prefer the rank that received the signal
+            elif kind == "diverged":
+                current.diverged = message
         if kind == "progress" and "metrics" in message:
             self.metrics.put((message["step"], message["t"], message["metrics"]))
-        elif kind in ("checkpoint", "restored", "error", "finished", "started"):
+        elif kind in ("checkpoint", "restored", "error", "finished", "started", "preempted", "diverged"):
             self.events.put(message)

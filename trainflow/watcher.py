@@ -1,13 +1,16 @@
 """Watching one attempt: exits, heartbeats and progress, until it ends or something is wrong.
 
-Processes that exit are noticed within one poll (0.1 s); a node whose heartbeats stop is lost
-after `heartbeat_timeout_s`; ranks that keep sending heartbeats but stop advancing are hung after
-the hang timeout (configured, or derived from observed step times with a floor).
+- crash: a node's processes exit; noticed within one poll (0.1 s)
+- node lost: a node's heartbeats stop while its processes have not exited (network cut, frozen host)
+- hang: heartbeats continue but no rank advances for the hang timeout, or a worker is frozen while
+  its node is alive; stacks of every rank are captured before the attempt is ended
+- straggler: a rank's compute time stays above a factor of the others' median; reported, not fatal
 """
 
 from __future__ import annotations
 
 import queue
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +22,7 @@ from trainflow.status import AttemptStatus, StatusServer
 HANG_FLOOR_S = 30.0
 HANG_STEP_FACTOR = 20.0
 METRICS_FLUSH_S = 1.0
+STRAGGLER_REPORT_S = 5.0
 EXIT_EVIDENCE_S = 1.0  # after the first node exits, how long to wait for the others' exit codes
 
 
@@ -26,6 +30,8 @@ EXIT_EVIDENCE_S = 1.0  # after the first node exits, how long to wait for the ot
 class WatchLimits:
     heartbeat_timeout_s: float
     hang_timeout_s: float | None
+    straggler_factor: float = 1.5
+    straggler_steps: int = 5
     startup_timeout_s: float = 300.0
 
     def hang_after(self, status: AttemptStatus) -> float:
@@ -60,6 +66,8 @@ class AttemptWatcher:
         self.on_event = on_event
         self._pending: MetricRows = []
         self._flushed_at = time.monotonic()
+        self._scored_at = time.monotonic()
+        self.stragglers: dict[int, dict] = {}
         self.step_time_total = 0.0
 
     def run(self, poll_s: float = 0.1) -> AttemptResult:
@@ -82,16 +90,7 @@ class AttemptWatcher:
         if ended:
             if len(ended) < len(exits) and all(e.returncode == 0 for e in ended):
                 return None  # the others are finishing too
-            detected_at = now
-            deadline = time.monotonic() + EXIT_EVIDENCE_S
-            while any(e.running for e in exits) and time.monotonic() < deadline:
-                time.sleep(0.05)
-                exits = self.launcher.poll(self.handle)
-            self._pump()
-            status = self.channel.snapshot()
-            outcome, reason = classify_exit(exits, status)
-            failed_at = status.errors[0]["t"] if status.errors else None
-            return self._result(outcome, reason, status, detected_at, failed_at, {"exit_codes": _codes(exits)})
+            return self._ended_by_exit(exits, now)
 
         if not status.ranks:
             if now - self.handle.started_at > self.limits.startup_timeout_s:
@@ -99,24 +98,89 @@ class AttemptWatcher:
                 return self._result(Outcome.INFRA, reason, status, now, None, {})
             return None
 
-        for rank in status.ranks.values():
-            silent = now - rank.last_seen
-            if silent > self.limits.heartbeat_timeout_s:
-                reason = f"node {rank.node} (rank {rank.rank}) silent for {silent:.1f}s without exiting"
-                return self._result(Outcome.NODE_LOST, reason, status, now, rank.last_seen, {"node": rank.node})
+        self._watch_stragglers(status)
+
+        silent = [r for r in status.ranks.values() if now - r.last_seen > self.limits.heartbeat_timeout_s]
+        if silent:
+            rank = min(silent, key=lambda r: r.last_seen)
+            state = self._probe(rank.node)
+            evidence = {"node": rank.node, "rank": rank.rank, "node_state": state,
+                        "last_heartbeats": {r.rank: round(now - r.last_seen, 2) for r in status.ranks.values()}}
+            if state == "workers-stopped":
+                reason = f"rank {rank.rank} on node {rank.node} is frozen while its node is alive"
+                return self._hung(reason, status, now, rank.last_seen, evidence)
+            reason = (f"node {rank.node} (rank {rank.rank}) silent for {now - rank.last_seen:.1f}s "
+                      f"without exiting ({state})")
+            return self._result(Outcome.NODE_LOST, reason, status, now, rank.last_seen, evidence)
 
         if len(status.ranks) == self.world_size:
-            progressed = [r.progressed_at or status.started_at for r in status.ranks.values()]
-            stalled_since = min(progressed)
+            stalled_since = min(r.progressed_at or status.started_at for r in status.ranks.values())
             limit = self.limits.hang_after(status) if status.first_step_at else self.limits.startup_timeout_s
             if now - stalled_since > limit:
                 stuck = sorted(r.rank for r in status.ranks.values() if (r.progressed_at or 0) <= stalled_since)
                 reason = f"no step progress for {now - stalled_since:.1f}s (ranks {stuck}) while heartbeats continue"
-                return self._result(Outcome.HUNG, reason, status, now, stalled_since, {"ranks": stuck})
+                return self._hung(reason, status, now, stalled_since, {"ranks": stuck, "hang_timeout_s": limit})
         return None
+
+    def _ended_by_exit(self, exits, detected_at: float) -> AttemptResult:
+        deadline = time.monotonic() + EXIT_EVIDENCE_S
+        while any(e.running for e in exits) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            exits = self.launcher.poll(self.handle)
+        self._pump()
+        status = self.channel.snapshot()
+        outcome, reason = classify_exit(exits, status)
+        failed_at = status.errors[0]["t"] if status.errors else None
+        if status.preempted and status.preempted.get("requested_at"):
+            failed_at = status.preempted["requested_at"]
+        evidence = {"exit_codes": {e.node: e.returncode for e in exits}}
+        if status.preempted:
+            evidence["preempted"] = status.preempted
+        if status.diverged:
+            evidence["diverged"] = status.diverged
+        return self._result(outcome, reason, status, detected_at, failed_at, evidence)
+
+    def _hung(self, reason, status, detected_at, failed_at, evidence) -> AttemptResult:
+        result = self._result(Outcome.HUNG, reason, status, detected_at, failed_at, evidence)
+        result.evidence["stacks"] = self._stacks(status)
+        return result
+
+    def _probe(self, node: int) -> str:
+        probe = getattr(self.launcher, "probe", None)
+        return probe(self.handle, node) if probe else "unknown"
+
+    def _stacks(self, status: AttemptStatus) -> dict[int, str]:
+        dump = getattr(self.launcher, "dump_stacks", None)
+        pids = {r.rank: r.pid for r in status.ranks.values() if r.pid}
+        return dump(self.handle, pids) if dump else {}
+
+    def _watch_stragglers(self, status: AttemptStatus) -> None:
+        window = self.limits.straggler_steps
+        recent = {r.rank: list(r.compute_s)[-window:] for r in status.ranks.values() if len(r.compute_s) >= window}
+        if len(recent) < 2:
+            return
+        means = {rank: statistics.fmean(values) for rank, values in recent.items()}
+        scores = {}
+        for rank, values in recent.items():
+            others = statistics.median(m for r, m in means.items() if r != rank)
+            if others <= 0:
+                continue
+            scores[rank] = means[rank] / others
+            if rank not in self.stragglers and min(values) > self.limits.straggler_factor * others:
+                node = status.ranks[rank].node
+                report = {"kind": "straggler", "rank": rank, "node": node, "score": round(scores[rank], 2),
+                          "step": status.ranks[rank].step, "t": time.time()}
+                self.stragglers[rank] = report
+                self.on_event(report)
+        if time.monotonic() - self._scored_at > STRAGGLER_REPORT_S:
+            step, now = status.max_step(), time.time()
+            self._pending.extend((f"straggler_score_rank_{r}", s, step, now) for r, s in scores.items())
+            self._scored_at = time.monotonic()
 
     def _result(self, outcome, reason, status, detected_at, failed_at, evidence) -> AttemptResult:
         evidence = {**evidence, "errors": status.errors[:3], "logs": {n: str(p) for n, p in self.handle.logs.items()}}
+        if self.stragglers:
+            evidence["stragglers"] = list(self.stragglers.values())
         return AttemptResult(
             attempt=self.handle.attempt,
             outcome=outcome,
@@ -155,7 +219,3 @@ class AttemptWatcher:
             rows, self._pending = self._pending, []
             self.on_metrics(rows)
         self._flushed_at = time.monotonic()
-
-
-def _codes(exits) -> dict[int, int | None]:
-    return {e.node: e.returncode for e in exits}

@@ -32,6 +32,7 @@ class WorkerConfig:
     heartbeat_interval_s: float
     orchestrator_timeout_s: float
     node_scratch: str
+    divergence_check_every_steps: int = 0
     restore_prefix: str | None = None
 
     def write(self, path: Path) -> Path:

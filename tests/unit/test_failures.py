@@ -7,7 +7,12 @@ import pytest
 from trainflow.backends.base import NodeExit
 from trainflow.failures import AttemptResult, Outcome, classify_exit, decide
 from trainflow.runtime.reporter import EXIT_ORCHESTRATOR_LOST
+from trainflow.spec import FaultTolerance
 from trainflow.status import AttemptStatus
+
+
+def policy(max_restarts: int = 3, **overrides) -> FaultTolerance:
+    return FaultTolerance(max_restarts=max_restarts, **overrides)
 
 
 def result(attempt: int, outcome: Outcome, last_step: int = 10, reason: str = "why") -> AttemptResult:
@@ -29,60 +34,92 @@ def result(attempt: int, outcome: Outcome, last_step: int = 10, reason: str = "w
 
 
 def test_success_is_not_retried():
-    decision = decide(3, [result(1, Outcome.SUCCEEDED, reason="finished at step 100")])
+    decision = decide(policy(3), [result(1, Outcome.SUCCEEDED, reason="finished at step 100")])
     assert decision.retry is False
     assert decision.reason == "finished at step 100"
 
 
 @pytest.mark.parametrize("outcome", [Outcome.USER_ERROR, Outcome.CANCELLED])
 def test_non_retryable_outcomes_stop(outcome):
-    decision = decide(3, [result(1, outcome)])
+    decision = decide(policy(3), [result(1, outcome)])
     assert decision.retry is False
     assert "not retried" in decision.reason
 
 
 @pytest.mark.parametrize(
-    "outcome", [Outcome.CRASHED, Outcome.KILLED, Outcome.HUNG, Outcome.NODE_LOST, Outcome.PREEMPTED, Outcome.INFRA]
+    "outcome", [Outcome.CRASHED, Outcome.KILLED, Outcome.HUNG, Outcome.NODE_LOST, Outcome.DIVERGED]
 )
 def test_retryable_outcome_with_budget_is_retried(outcome):
-    decision = decide(3, [result(1, outcome)])
+    decision = decide(policy(3), [result(1, outcome)])
     assert decision.retry is True
-    assert "restart 1 of 3" in decision.reason
+    assert "restart retry 1 of 3" in decision.reason
+
+
+def test_preemptions_and_infra_failures_have_their_own_budgets():
+    assert "preemption retry 1 of 10" in decide(policy(0), [result(1, Outcome.PREEMPTED)]).reason
+    assert decide(policy(0, max_infra_failures=1), [result(1, Outcome.INFRA)]).retry is True
+    spent = decide(policy(5, max_infra_failures=1), [result(1, Outcome.INFRA, 5), result(2, Outcome.INFRA, 9)])
+    assert spent.retry is False and "infrastructure budget spent" in spent.reason
+
+
+def test_user_errors_are_retried_only_when_asked():
+    assert decide(policy(3), [result(1, Outcome.USER_ERROR)]).retry is False
+    retry_all = policy(3, max_user_errors=1, retry_on=["USER_ERROR", "CRASHED"])
+    assert decide(retry_all, [result(1, Outcome.USER_ERROR)]).retry is True
+
+
+def test_outcome_left_out_of_retry_on_is_not_retried():
+    decision = decide(policy(3, retry_on=["CRASHED"]), [result(1, Outcome.HUNG)])
+    assert decision.retry is False and "HUNG is not retried" in decision.reason
+
+
+def test_backoff_doubles_and_skips_preemptions():
+    rules = policy(5, backoff_s=1.0, backoff_max_s=3.0)
+    assert decide(rules, [result(1, Outcome.CRASHED, 1)]).backoff_s == 1.0
+    assert decide(rules, [result(1, Outcome.CRASHED, 1), result(2, Outcome.HUNG, 2)]).backoff_s == 2.0
+    three = [result(1, Outcome.CRASHED, 1), result(2, Outcome.HUNG, 2), result(3, Outcome.KILLED, 3)]
+    assert decide(rules, three).backoff_s == 3.0  # capped
+    assert decide(rules, [result(1, Outcome.PREEMPTED)]).backoff_s == 0.0
+
+
+def test_repeated_preemption_at_one_step_is_not_a_crash_loop():
+    results = [result(1, Outcome.PREEMPTED, 40), result(2, Outcome.PREEMPTED, 40)]
+    assert decide(policy(0), results).retry is True
 
 
 def test_budget_spent_stops():
     results = [result(1, Outcome.CRASHED, 10), result(2, Outcome.CRASHED, 20), result(3, Outcome.CRASHED, 30)]
-    decision = decide(2, results)
+    decision = decide(policy(2), results)
     assert decision.retry is False
     assert "budget" in decision.reason
 
 
 def test_last_restart_within_budget_is_taken():
     results = [result(1, Outcome.CRASHED, 10), result(2, Outcome.CRASHED, 20)]
-    decision = decide(2, results)
-    assert decision.retry is True and "restart 2 of 2" in decision.reason
+    decision = decide(policy(2), results)
+    assert decision.retry is True and "restart retry 2 of 2" in decision.reason
 
 
 def test_no_restarts_allowed():
-    decision = decide(0, [result(1, Outcome.CRASHED)])
+    decision = decide(policy(0), [result(1, Outcome.CRASHED)])
     assert decision.retry is False and "budget" in decision.reason
 
 
 def test_crash_loop_stops_even_with_budget():
     results = [result(1, Outcome.CRASHED, 40), result(2, Outcome.CRASHED, 40)]
-    decision = decide(10, results)
+    decision = decide(policy(10), results)
     assert decision.retry is False
     assert "crash loop" in decision.reason
 
 
 def test_same_step_but_different_outcome_is_not_a_crash_loop():
     results = [result(1, Outcome.NODE_LOST, 40), result(2, Outcome.CRASHED, 40)]
-    assert decide(10, results).retry is True
+    assert decide(policy(10), results).retry is True
 
 
 def test_same_outcome_with_progress_is_not_a_crash_loop():
     results = [result(1, Outcome.CRASHED, 40), result(2, Outcome.CRASHED, 60)]
-    assert decide(10, results).retry is True
+    assert decide(policy(10), results).retry is True
 
 
 # --- classify_exit ----------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ class Allocation:
     scratch: Path
     ports: dict[str, int] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
+    status_host: str = "127.0.0.1"  # where workers reach the orchestrator's status channel
+    slots: list[int] = field(default_factory=list)  # healthy node slots; attempt node i runs in slots[i]
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class AttemptHandle:
     started_at: float
     logs: dict[int, Path]
     processes: dict[int, Any] = field(default_factory=dict)
+    slots: list[int] = field(default_factory=list)  # the node slot each node of this attempt runs in
 
 
 @dataclass(frozen=True)
@@ -82,3 +85,8 @@ class Launcher(Protocol):
     def stop(self, handle: AttemptHandle, grace_s: float) -> int: ...
 
     def release(self, allocation: Allocation) -> ReleaseReport: ...
+
+    # Optional capabilities, used when a backend has them:
+    #   probe(handle, node) -> "running" | "workers-stopped" | "node-stopped" | "gone" | "unknown"
+    #   dump_stacks(handle, pids_by_rank) -> {rank: stack text}
+    #   replace_node(allocation, node) -> bool   (bring a failed node back for the next attempt)

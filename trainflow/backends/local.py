@@ -1,7 +1,9 @@
 """Local backend: N nodes x M processes on this machine, one torchrun agent per node.
 
-Each node's agent starts in its own session with c10d rendezvous on loopback; node 0 hosts the
-rendezvous store. gloo on CPU, nccl when the spec asks for GPUs (each node gets its own devices).
+Each node's agent starts in its own session with c10d rendezvous (node 0 hosts the store). By
+default every node shares loopback; with `resources.network: namespaces` each node is a "host" in
+its own network namespace with its own address, so a node can drop off the network. gloo on CPU,
+nccl when the spec asks for GPUs (each node gets its own devices).
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import psutil
 
 from trainflow.backends import register
 from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, NodeExit, ReleaseReport
+from trainflow.backends.netns import NetworkError, NodeNetwork
 from trainflow.backends.ports import free_port, is_listening
 from trainflow.backends.processes import describe, job_processes, signal_session, terminate, wait_until_gone
 from trainflow.backends.worker import worker_config
 from trainflow.worker_config import CONFIG_ENV, JOB_ENV
 
 LOOPBACK = "127.0.0.1"
+PY_SPY = Path(sys.executable).parent / "py-spy"
 
 
 class ProvisionError(RuntimeError):
@@ -35,6 +39,30 @@ class LocalLauncher:
     name = "local"
 
     def provision(self, spec, run_id: str, scratch: Path) -> Allocation:
+        self._check_capacity(spec)
+        scratch.mkdir(parents=True, exist_ok=True)
+        allocation = Allocation(
+            run_id=run_id,
+            backend=self.name,
+            nodes=spec.resources.nodes,
+            scratch=scratch,
+            ports={"rendezvous": free_port(LOOPBACK)},
+            slots=list(range(spec.resources.nodes)),
+        )
+        if spec.resources.network.value == "namespaces":
+            if os.geteuid() != 0 or not shutil.which("ip"):
+                raise ProvisionError("resources.network: namespaces needs root and iproute2 (`ip`)")
+            network = NodeNetwork(run_id, spec.resources.nodes)
+            try:
+                network.create()
+            except NetworkError as exc:
+                raise ProvisionError(f"resources.network: {exc}") from None
+            allocation.details["network"] = network
+            allocation.status_host = network.host_address
+        return allocation
+
+    @staticmethod
+    def _check_capacity(spec) -> None:
         if spec.resources.gpu:
             import torch
 
@@ -48,27 +76,20 @@ class LocalLauncher:
                 f"resources.cpu: {spec.resources.cpu} x {spec.resources.nodes} nodes oversubscribes "
                 f"this machine's {os.cpu_count()} cores more than fourfold"
             )
-        scratch.mkdir(parents=True, exist_ok=True)
-        return Allocation(
-            run_id=run_id,
-            backend=self.name,
-            nodes=spec.resources.nodes,
-            scratch=scratch,
-            ports={"rendezvous": free_port(LOOPBACK)},
-        )
 
     def launch(self, spec, allocation: Allocation, plan: AttemptPlan) -> AttemptHandle:
         attempt_dir = allocation.scratch / f"attempt-{plan.attempt}"
         attempt_dir.mkdir(parents=True, exist_ok=True)
-        handle = AttemptHandle(attempt=plan.attempt, nodes=allocation.nodes, started_at=time.time(), logs={})
-        for node in range(allocation.nodes):
-            node_scratch = allocation.scratch / f"node-{node}"
-            config = worker_config(spec, allocation.run_id, plan, node, node_scratch)
+        nodes = spec.resources.nodes
+        handle = AttemptHandle(attempt=plan.attempt, nodes=nodes, started_at=time.time(), logs={})
+        handle.slots = allocation.slots[:nodes]
+        for node, slot in enumerate(handle.slots):
+            config = worker_config(spec, allocation.run_id, plan, node, allocation.scratch / f"node-{slot}")
             config_path = config.write(attempt_dir / f"node-{node}.json")
             log_path = attempt_dir / f"node-{node}.log"
             with open(log_path, "ab") as log:
                 handle.processes[node] = subprocess.Popen(
-                    self._command(spec, allocation, plan, node),
+                    self._command(spec, allocation, plan, node, slot, attempt_dir),
                     env=self._environment(spec, allocation, node, config_path),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
@@ -83,11 +104,13 @@ class LocalLauncher:
         return [NodeExit(node, proc.poll()) for node, proc in sorted(handle.processes.items())]
 
     def stop(self, handle: AttemptHandle, grace_s: float) -> int:
-        """End every node's whole session: SIGTERM (torchrun forwards it), then SIGKILL."""
+        """End every node's whole session: SIGTERM (torchrun forwards it) and SIGCONT (so frozen
+        processes can act on it), then SIGKILL after the grace period."""
         running = [proc for proc in handle.processes.values() if proc.poll() is None]
         members = self._session_members([proc.pid for proc in handle.processes.values()])
         for proc in running:
             signal_session(proc.pid, signal.SIGTERM)
+            signal_session(proc.pid, signal.SIGCONT)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and any(p.poll() is None for p in running):
             time.sleep(0.05)
@@ -97,15 +120,64 @@ class LocalLauncher:
         psutil.wait_procs([m for m in members if m.is_running()], timeout=5)
         return len(members)
 
+    def probe(self, handle: AttemptHandle, node: int) -> str:
+        """How a silent node looks from this machine: its processes stopped, running, or gone."""
+        agent = handle.processes.get(node)
+        if agent is None or agent.poll() is not None:
+            return "gone"
+        try:
+            leader = psutil.Process(agent.pid)
+            workers = leader.children(recursive=True)
+            if leader.status() == psutil.STATUS_STOPPED:
+                return "node-stopped"
+            if any(w.status() == psutil.STATUS_STOPPED for w in workers):
+                return "workers-stopped"
+        except psutil.Error:
+            return "gone"
+        return "running"
+
+    def dump_stacks(self, handle: AttemptHandle, pids_by_rank: dict[int, int]) -> dict[int, str]:
+        """Every rank's Python stacks, read from outside with py-spy (works on frozen processes)."""
+        stacks = {}
+        for rank, pid in sorted(pids_by_rank.items()):
+            if not PY_SPY.exists():
+                stacks[rank] = "py-spy is not installed"
+                continue
+            try:
+                result = subprocess.run(
+                    [str(PY_SPY), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20
+                )
+                stacks[rank] = (result.stdout or result.stderr).strip()[-20000:]
+            except subprocess.TimeoutExpired:
+                stacks[rank] = "py-spy dump timed out"
+        return stacks
+
+    def replace_node(self, allocation: Allocation, slot: int) -> bool:
+        """Bring a failed node slot back for the next attempt; False when it cannot come back."""
+        if slot in allocation.details.get("unrecoverable", set()):
+            return False
+        network: NodeNetwork | None = allocation.details.get("network")
+        if network is not None:
+            try:
+                network.restore(slot)
+            except NetworkError:
+                return False
+        return True
+
     def release(self, allocation: Allocation) -> ReleaseReport:
         report = ReleaseReport()
         for session in allocation.details.get("sessions", []):
+            signal_session(session, signal.SIGCONT)
             signal_session(session, signal.SIGKILL)
         leftovers = job_processes(allocation.run_id)
         report.stopped_processes = terminate(leftovers, grace_s=2.0) if leftovers else 0
         report.survivors = [describe(p) for p in wait_until_gone(allocation.run_id, timeout_s=5.0)]
+        network: NodeNetwork | None = allocation.details.get("network")
+        if network is not None:
+            report.survivors.extend(network.destroy())
+            report.removed_paths.append(f"network namespaces of {network.bridge}")
         for name, port in allocation.ports.items():
-            if is_listening(port):
+            if not network and is_listening(port):
                 report.survivors.append(f"port {port} ({name}) still listening")
             else:
                 report.released_ports.append(port)
@@ -128,20 +200,25 @@ class LocalLauncher:
         return members
 
     @staticmethod
-    def _command(spec, allocation: Allocation, plan: AttemptPlan, node: int) -> list[str]:
-        return [
+    def _command(spec, allocation: Allocation, plan: AttemptPlan, node: int, slot: int, attempt_dir: Path) -> list[str]:
+        network: NodeNetwork | None = allocation.details.get("network")
+        store_host = network.node_address(allocation.slots[0]) if network else LOOPBACK
+        own_address = network.node_address(slot) if network else LOOPBACK
+        command = [
             sys.executable, "-m", "torch.distributed.run",
-            "--nnodes", str(allocation.nodes),
+            "--nnodes", str(spec.resources.nodes),
             "--nproc-per-node", str(spec.resources.procs_per_node),
             "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"{LOOPBACK}:{allocation.ports['rendezvous']}",
+            "--rdzv-endpoint", f"{store_host}:{allocation.ports['rendezvous']}",
             "--rdzv-id", f"{allocation.run_id}-{plan.attempt}",
             "--rdzv-conf", f"is_host={'true' if node == 0 else 'false'}",
             "--max-restarts", "0",
             "--monitor-interval", "0.1",
-            "--local-addr", LOOPBACK,
+            "--local-addr", own_address,
+            "--log-dir", str(attempt_dir / "torchrun" / f"node-{node}"),
             spec.workload.entrypoint, *spec.workload.args,
         ]
+        return network.wrap(command, slot) if network else command
 
     @staticmethod
     def _environment(spec, allocation: Allocation, node: int, config_path: Path) -> dict[str, str]:
@@ -154,6 +231,8 @@ class LocalLauncher:
                 "OMP_NUM_THREADS": str(max(1, int(spec.resources.cpu // spec.resources.procs_per_node))),
             }
         )
+        if allocation.details.get("network") is not None:
+            env["GLOO_SOCKET_IFNAME"] = "eth0"
         if spec.resources.gpu:
             first = node * spec.resources.gpu
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(first + i) for i in range(spec.resources.gpu))

@@ -28,5 +28,6 @@ def worker_config(spec: RunSpec, run_id: str, plan: AttemptPlan, node: int, node
         heartbeat_interval_s=spec.fault_tolerance.heartbeat_interval_s,
         orchestrator_timeout_s=spec.fault_tolerance.orchestrator_timeout_s,
         node_scratch=str(node_scratch),
+        divergence_check_every_steps=spec.fault_tolerance.divergence_check_every_steps,
         restore_prefix=plan.restore_prefix,
     )

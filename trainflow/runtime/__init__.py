@@ -18,8 +18,10 @@ write to MLflow or Prefect.
 
 from __future__ import annotations
 
+import faulthandler
 import math
 import os
+import signal
 import sys
 import time
 import traceback
@@ -31,7 +33,9 @@ import torch
 import torch.distributed as dist
 
 from trainflow.checkpoint.storage import open_storage
+from trainflow.runtime import exit_codes
 from trainflow.runtime.checkpointing import Checkpointer, Stateful
+from trainflow.runtime.control import CommTimer, ControlPlane
 from trainflow.runtime.reporter import StatusReporter
 from trainflow.runtime.state import params_sha256, seed_everything
 from trainflow.worker_config import WorkerConfig
@@ -65,10 +69,14 @@ class Run:
             device_id=self.device if self.device.type == "cuda" else None,
         )
         seed_everything(config.seed + self.rank)
+        self._control = ControlPlane(self.rank, self.world_size, config.divergence_check_every_steps)
+        self._comm = CommTimer()
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # stack dumps on demand, into the node log
         self._checkpointer = Checkpointer(config, open_storage(config.checkpoint_uri), self.rank, self.world_size)
         self._state: Stateful | None = None
         self._metrics: dict[str, float] = {}
         self._last_loss: float | None = None
+        self._saved_step: int | None = None
         self.reporter.send("started", world_size=self.world_size)
 
     @property
@@ -89,15 +97,40 @@ class Run:
         return self.step
 
     def steps(self, start: int = 0, samples_per_step: int | None = None) -> Iterator[int]:
-        """Yield the steps after `start` up to the job's total; reports progress and checkpoints."""
+        """Yield the steps after `start` up to the job's total; reports progress, checkpoints, and
+        at control points stops cleanly on preemption or replica divergence."""
+        if self._state is not None:
+            self._comm.attach(self._state.model)
         for step in range(start + 1, self.total_steps + 1):
             began = time.perf_counter()
             self.step = step
             yield step
             elapsed = time.perf_counter() - began
-            self._report_step(step, elapsed, samples_per_step)
+            self._report_step(step, elapsed, self._comm.take(), samples_per_step)
             if step % self.config.every_steps == 0 or step == self.total_steps:
                 self.checkpoint()
+                self._saved_step = step
+            if self._control.due(step):
+                self._at_control_point(step, elapsed)
+
+    def _at_control_point(self, step: int, elapsed: float) -> None:
+        model = self._state.model if self._state is not None else None
+        stop, hashes = self._control.agree(step, elapsed, model)
+        if hashes is not None and len(set(hashes)) > 1:
+            if self.is_main:
+                self.reporter.send("diverged", step=step, hashes=[f"{h:015x}" for h in hashes])
+            self._leave(exit_codes.DIVERGED, f"replicas diverged at step {step}")
+        if stop:
+            if self._saved_step != step:
+                self.checkpoint()  # the emergency checkpoint: every rank saves this same step
+            requested = self._control.preempt_requested_at
+            self.reporter.send("preempted", step=step, signalled=requested is not None, requested_at=requested)
+            self._leave(exit_codes.PREEMPTED, f"preempted: checkpoint at step {step} committed")
+
+    def _leave(self, code: int, message: str) -> None:
+        print(f"trainflow: {message}; exiting with {code}", file=sys.stderr, flush=True)
+        self.reporter.close()
+        raise SystemExit(code)
 
     def log(self, **metrics: float) -> None:
         """Metrics of the current step; rank 0's are recorded by the orchestrator."""
@@ -136,10 +169,10 @@ class Run:
         self.reporter.close()
         dist.destroy_process_group()
 
-    def _report_step(self, step: int, elapsed: float, samples_per_step: int | None) -> None:
-        fields: dict[str, Any] = {"step": step, "step_time_s": elapsed}
+    def _report_step(self, step: int, elapsed: float, comm_wait: float, samples_per_step: int | None) -> None:
+        fields: dict[str, Any] = {"step": step, "step_time_s": elapsed, "compute_s": max(0.0, elapsed - comm_wait)}
         if self.is_main:
-            metrics = dict(self._metrics, step_time_s=elapsed)
+            metrics = dict(self._metrics, step_time_s=elapsed, comm_wait_s=comm_wait)
             if samples_per_step:
                 metrics["samples_per_s"] = samples_per_step / elapsed
             fields["metrics"] = metrics

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-EXIT_ORCHESTRATOR_LOST = 75
+from trainflow.runtime.exit_codes import ORCHESTRATOR_LOST as EXIT_ORCHESTRATOR_LOST
 _STOP = object()
 
 

@@ -1,0 +1,27 @@
+"""inject_fault: a drill's fault, injected into a running attempt from outside the workload."""
+
+from __future__ import annotations
+
+from prefect import get_run_logger
+
+from tasks import lifecycle_task
+from tasks.records import Provisioned
+from trainflow.backends import AttemptHandle
+from trainflow.chaos import FaultPlan, Injection, inject
+from trainflow.home import resolve_checkpoint_uri
+from trainflow.spec import RunSpec
+
+
+@lifecycle_task(name="inject-fault", task_run_name="inject-{plan.kind.value}-at-step-{plan.at_step}")
+def inject_fault(spec: RunSpec, plan: FaultPlan, provisioned: Provisioned, handle: AttemptHandle) -> Injection:
+    """Wait for the planned step, then break what the plan says."""
+    injection = inject(
+        plan, handle, provisioned.channel, provisioned.allocation,
+        resolve_checkpoint_uri(spec.checkpoint.uri), spec.world_size,
+    )
+    logger = get_run_logger()
+    if injection.injected:
+        logger.warning("injected %s into %s", injection.kind, injection.target)
+    else:
+        logger.info("fault not injected: %s", injection.detail.get("skipped"))
+    return injection

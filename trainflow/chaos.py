@@ -1,0 +1,246 @@
+"""Fault injection from outside the workload, for drills: signals, frozen processes, a cut network
+link, an unreachable storage endpoint, a damaged checkpoint. The training code never cooperates."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trainflow.backends import AttemptHandle
+from trainflow.checkpoint.catalog import list_committed
+from trainflow.checkpoint.storage import open_storage
+from trainflow.status import StatusServer
+
+
+class FaultKind(str, Enum):
+    crash = "crash"
+    kill = "kill"
+    hang = "hang"
+    straggler = "straggler"
+    preempt = "preempt"
+    node_loss = "node-loss"
+    storage_outage = "storage-outage"
+    corrupt_checkpoint = "corrupt-checkpoint"
+
+
+class FaultPlan(BaseModel):
+    """One fault to inject into the first attempt of a run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: FaultKind = Field(title="Fault", description="What to break.")
+    at_step: int = Field(default=30, gt=0, title="At step", description="Inject once every rank has reached this step.")
+    rank: int | None = Field(default=None, ge=0, title="Rank", description="Target rank (process faults).")
+    node: int | None = Field(default=None, ge=0, title="Node", description="Target node (preempt, node-loss).")
+    duration_s: float = Field(default=8.0, gt=0, le=600, title="Duration (s)", description="Straggler / outage length.")
+    permanent: bool = Field(default=False, title="Permanent", description="node-loss: the node never comes back.")
+    proxy_port: int | None = Field(default=None, title="Storage proxy port", description="Set by the drill.")
+
+    def target_rank(self, world_size: int) -> int:
+        return self.rank if self.rank is not None else world_size - 1
+
+    def target_node(self, nodes: int) -> int:
+        return self.node if self.node is not None else nodes - 1
+
+
+@dataclass
+class Injection:
+    kind: str
+    injected: bool = False
+    injected_at: float | None = None
+    target: str = ""
+    detail: dict = field(default_factory=dict)
+
+
+def wait_for_step(channel: StatusServer, handle: AttemptHandle, world_size: int, step: int, timeout_s: float) -> bool:
+    """True once every rank reported `step`; False if the attempt ended or time ran out first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = channel.snapshot()
+        if len(status.ranks) == world_size and status.min_step() >= step:
+            return True
+        if any(proc.poll() is not None for proc in handle.processes.values()):
+            return False
+        time.sleep(0.02)
+    return False
+
+
+def worker_pid(channel: StatusServer, rank: int) -> int:
+    status = channel.snapshot()
+    pid = status.ranks[rank].pid if rank in status.ranks else None
+    if not pid:
+        raise RuntimeError(f"rank {rank} never reported its pid")
+    return pid
+
+
+def inject(plan: FaultPlan, handle: AttemptHandle, channel: StatusServer, allocation, checkpoint_uri: str,
+           world_size: int, timeout_s: float = 600) -> Injection:
+    """Wait for the step, then break what the plan says. Returns what was done and when."""
+    record = Injection(kind=plan.kind.value)
+    if not wait_for_step(channel, handle, world_size, plan.at_step, timeout_s):
+        record.detail["skipped"] = f"the attempt ended before step {plan.at_step}"
+        return record
+    kind = plan.kind
+    if kind in (FaultKind.crash, FaultKind.kill, FaultKind.hang, FaultKind.straggler):
+        rank = plan.target_rank(world_size)
+        pid = worker_pid(channel, rank)
+        record.target = f"rank {rank} (pid {pid})"
+        if kind == FaultKind.straggler:
+            record.injected_at = time.time()
+            record.injected = True
+            _slow_down(pid, plan.duration_s, handle)
+            return record
+        sig = {FaultKind.crash: signal.SIGSEGV, FaultKind.kill: signal.SIGKILL, FaultKind.hang: signal.SIGSTOP}[kind]
+        record.injected_at = time.time()
+        os.kill(pid, sig)
+    elif kind == FaultKind.preempt:
+        node = plan.target_node(handle.nodes)
+        record.target = f"node {node}"
+        record.injected_at = time.time()
+        handle.processes[node].send_signal(signal.SIGTERM)  # what a cloud or the kubelet sends first
+    elif kind == FaultKind.node_loss:
+        network = allocation.details.get("network")
+        if network is None:
+            raise RuntimeError("node-loss needs resources.network: namespaces")
+        node = plan.target_node(handle.nodes)
+        slot = handle.slots[node]
+        record.target = f"node {node} (namespace {network.namespace(slot)})"
+        if plan.permanent:
+            allocation.details.setdefault("unrecoverable", set()).add(slot)
+        record.injected_at = time.time()
+        network.cut(slot)
+    elif kind == FaultKind.storage_outage:
+        proxy = StorageProxy.active.get(plan.proxy_port)
+        if proxy is None:
+            raise RuntimeError("storage-outage needs the drill's storage proxy")
+        record.target = f"storage endpoint behind 127.0.0.1:{plan.proxy_port}"
+        record.injected_at = time.time()
+        proxy.outage(plan.duration_s)
+    elif kind == FaultKind.corrupt_checkpoint:
+        damaged = corrupt_latest_checkpoint(checkpoint_uri, allocation.run_id)
+        record.detail["damaged"] = damaged
+        rank = plan.target_rank(world_size)
+        pid = worker_pid(channel, rank)
+        record.target = f"{damaged}, then rank {rank} killed so the next attempt must restore"
+        record.injected_at = time.time()
+        os.kill(pid, signal.SIGKILL)
+    record.injected = True
+    return record
+
+
+def _slow_down(pid: int, duration_s: float, handle: AttemptHandle, period_s: float = 0.02) -> None:
+    """Make one rank a straggler: freeze it half of every period, from outside, for a while."""
+    end = time.monotonic() + duration_s
+    try:
+        while time.monotonic() < end and all(p.poll() is None for p in handle.processes.values()):
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(period_s)
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(period_s)
+    except ProcessLookupError:
+        pass
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def corrupt_latest_checkpoint(uri: str, run_id: str) -> str:
+    """Flip bytes in the biggest file of the newest committed checkpoint; its size stays the same."""
+    storage = open_storage(uri)
+    committed = list_committed(storage, run_id)
+    if not committed:
+        raise RuntimeError(f"no committed checkpoint of {run_id} to damage under {uri}")
+    newest = max(committed, key=lambda c: c.step)
+    victim = max(newest.manifest.files, key=lambda f: f.size)
+    key = f"{newest.prefix}/{victim.name}"
+    data = bytearray(storage.read(key))
+    middle = len(data) // 2
+    data[middle : middle + 8] = bytes(b ^ 0xFF for b in data[middle : middle + 8])
+    with tempfile.TemporaryDirectory(prefix="trainflow-corrupt-") as folder:
+        damaged = Path(folder) / victim.name
+        damaged.write_bytes(data)
+        storage.upload(damaged, key)
+    return key
+
+
+class StorageProxy:
+    """A TCP relay in front of the storage endpoint; `outage()` drops every connection for a while."""
+
+    active: dict[int, StorageProxy] = {}
+
+    def __init__(self, upstream_host: str, upstream_port: int):
+        self.upstream = (upstream_host, upstream_port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._down_until = 0.0
+        self._sockets: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+        StorageProxy.active[self.port] = self
+
+    def outage(self, duration_s: float) -> None:
+        self._down_until = time.monotonic() + duration_s
+        with self._lock:
+            for sock in list(self._sockets):
+                _close(sock)
+            self._sockets.clear()
+
+    def close(self) -> None:
+        self._closed = True
+        StorageProxy.active.pop(self.port, None)
+        _close(self._listener)
+        with self._lock:
+            for sock in list(self._sockets):
+                _close(sock)
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if time.monotonic() < self._down_until:
+                _close(client)
+                continue
+            try:
+                upstream = socket.create_connection(self.upstream, timeout=5)
+            except OSError:
+                _close(client)
+                continue
+            with self._lock:
+                self._sockets.update((client, upstream))
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while chunk := source.recv(65536):
+                sink.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            _close(source)
+            _close(sink)
+            with self._lock:
+                self._sockets.discard(source)
+                self._sockets.discard(sink)
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()

@@ -1,0 +1,108 @@
+"""The workers' control point: agree on a preemption, compare replicas, time communication.
+
+At a control point every rank shares two numbers over a CPU (gloo) group: "I was asked to stop"
+and a hash of its parameters (on divergence-check steps). Control points come every step while
+the step time is unknown, then at a cadence fixed once by rank 0 (about every CONTROL_PERIOD_S),
+so the check costs a fraction of a percent of training time and every rank stops at the same step.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+from trainflow.runtime.state import params_sha256
+
+CONTROL_PERIOD_S = 0.25
+WARMUP_STEPS = 10
+
+
+class ControlPlane:
+    def __init__(self, rank: int, world_size: int, divergence_every: int):
+        self.rank = rank
+        self.world_size = world_size
+        self.divergence_every = divergence_every
+        self.group = dist.new_group(backend="gloo")
+        self.preempt_requested_at: float | None = None
+        self._every = 1
+        self._tuned = False
+        self._warmup_until: int | None = None
+        self._warmup_time = 0.0
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        # only a flag: the checkpoint happens at the next control point, on every rank together
+        if self.preempt_requested_at is None:
+            self.preempt_requested_at = time.time()
+
+    def due(self, step: int) -> bool:
+        return step % self._every == 0 or self._divergence_step(step)
+
+    def _divergence_step(self, step: int) -> bool:
+        return bool(self.divergence_every) and step % self.divergence_every == 0
+
+    def agree(self, step: int, step_time_s: float, model: torch.nn.Module | None) -> tuple[bool, list[int] | None]:
+        """Collective at a due step: (someone must stop, every rank's parameter hash or None)."""
+        self._tune_cadence(step, step_time_s)
+        check = self._divergence_step(step) and model is not None
+        mine = torch.tensor(
+            [int(self.preempt_requested_at is not None), _param_hash(model) if check else 0], dtype=torch.int64
+        )
+        everyone = [torch.zeros_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(everyone, mine, group=self.group)
+        stop = any(int(t[0]) for t in everyone)
+        hashes = [int(t[1]) for t in everyone] if check else None
+        return stop, hashes
+
+    def _tune_cadence(self, step: int, step_time_s: float) -> None:
+        if self._warmup_until is None:
+            self._warmup_until = step + WARMUP_STEPS
+        if self._tuned:
+            return
+        if step < self._warmup_until:
+            self._warmup_time += step_time_s
+            return
+        mean = self._warmup_time / WARMUP_STEPS
+        chosen = torch.tensor([max(1, min(1000, round(CONTROL_PERIOD_S / max(mean, 1e-6))))], dtype=torch.int64)
+        dist.broadcast(chosen, src=0, group=self.group)
+        self._every = int(chosen[0])
+        self._tuned = True
+
+
+def _param_hash(model: torch.nn.Module) -> int:
+    named = {name: p.detach() for name, p in model.named_parameters()}
+    return int(params_sha256(named)[:15], 16)
+
+
+class CommTimer:
+    """Time each step spends waiting in DDP's gradient all-reduce (a comm hook around it)."""
+
+    def __init__(self):
+        self.waiting_s = 0.0
+
+    def attach(self, model: torch.nn.Module) -> bool:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        from torch.nn.parallel import DistributedDataParallel
+
+        if not isinstance(model, DistributedDataParallel):
+            return False
+
+        def timed_allreduce(process_group, bucket):
+            started = time.perf_counter()
+            future = default_hooks.allreduce_hook(process_group, bucket)
+
+            def done(fut):
+                self.waiting_s += time.perf_counter() - started
+                return fut.value()
+
+            return future.then(done)
+
+        model.register_comm_hook(None, timed_allreduce)
+        return True
+
+    def take(self) -> float:
+        waited, self.waiting_s = self.waiting_s, 0.0
+        return waited
