@@ -48,24 +48,32 @@ def training_lifecycle(spec: RunSpec, resume: bool = False, chaos: FaultPlan | N
         environment = prepare_image(spec, record, provisioned)
         start_point = find_resume_point(spec) if resume else None
         restore_from = start_point
-        results, snapshots = [], []
+        attempt_spec, results, snapshots, injection = spec, [], [], None
         for attempt in count(1):
-            handle = launch_attempt(spec, provisioned, environment, attempt, restore_from)
+            handle = launch_attempt(attempt_spec, provisioned, environment, attempt, restore_from)
             resumed_from_step = restore_from.step if restore_from else 0
+            if chaos is not None and attempt == 1:
+                injecting = inject_fault.submit(attempt_spec, chaos, provisioned, handle)
             # watch in the background; meanwhile snapshot each commit it passes on, until it ends
-            watching = watch_attempt.submit(spec, record, provisioned, handle, resumed_from_step)
+            watching = watch_attempt.submit(attempt_spec, record, provisioned, handle, resumed_from_step)
             for commit in iter(provisioned.commits.get, None):
-                snapshots.append(snapshot_checkpoint(spec, record, provisioned, commit))
+                snapshots.append(snapshot_checkpoint(attempt_spec, record, provisioned, commit))
                 report_checkpoint(record, snapshots[-1])
             result = watching.result()
-            release_attempt(spec, record, provisioned, handle, result)
+            if chaos is not None and attempt == 1:
+                injection = injecting.result()
+            release_attempt(attempt_spec, record, provisioned, handle, result)
             results.append(result)
-            decision = classify_outcome(spec, results)
+            decision = classify_outcome(attempt_spec, results)
             report_attempt(record, result, decision)
             if not decision.retry:
                 break
-            restore_from = find_resume_point(spec, record.run_id) or start_point
-        summary = finalize(spec, record, provisioned, results, decision, snapshots)
+            time.sleep(decision.backoff_s)
+            attempt_spec = recover_nodes(attempt_spec, provisioned, handle, result)
+            restore_from = find_resume_point(attempt_spec, record.run_id) or start_point
+        summary = finalize(attempt_spec, record, provisioned, results, decision, snapshots)
+        if injection is not None:
+            summary["fault"] = asdict(injection)
     finally:
         released = teardown(record, provisioned, finalized=summary is not None)
     summary["teardown"] = released

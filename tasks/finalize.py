@@ -57,6 +57,7 @@ def finalize(
         "checkpoints": [{k: c[k] for k in ("step", "uri", "verified")} for c in checkpoints],
         "snapshots_failed": [s.step for s in snapshots if not s.verified],
         "attempts": attempt_rows(results),
+        "stragglers": [s for r in results for s in r.evidence.get("stragglers", [])],
         "goodput": goodput(results),
     }
     tracker, run = provisioned.tracker, record.mlflow_run_id

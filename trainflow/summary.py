@@ -26,6 +26,7 @@ def attempt_rows(results: list[AttemptResult]) -> list[dict]:
                 "last_step": result.last_step,
                 "started_at": result.started_at,
                 "ended_at": result.ended_at,
+                "detected_at": None if result.outcome == Outcome.SUCCEEDED else result.detected_at,
                 "detection_latency_s": None if latency is None else round(latency, 3),
                 "recovery_s": recovery,
                 "lost_steps": lost,

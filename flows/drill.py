@@ -1,0 +1,93 @@
+"""Fault drill: run a job with one fault injected from outside, next to a fault-free baseline of
+the same job, and report detection, recovery, lost steps and whether the resume was exact.
+
+    trainflow drill examples/digits/spec.yaml --fault preempt --at-step 30 --json
+    python -m flows.drill examples/digits/spec.yaml crash 30
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from urllib.parse import urlparse
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from flows.lifecycle import training_lifecycle
+from trainflow.backends.processes import job_processes
+from trainflow.bench.torchrun_restart import measure_torchrun_restart
+from trainflow.chaos import FaultKind, FaultPlan, StorageProxy
+from trainflow.drill import baseline_key, check_plan, drill_report, drill_spec, load_baseline, save_baseline
+from trainflow.environment import fingerprint_environment
+from trainflow.spec import RunSpec, load_spec
+
+
+@task(name="measure-torchrun-restart", cache_policy=NO_CACHE, persist_result=False)
+def torchrun_restart_s() -> float | None:
+    """torchrun's own worker restart on this machine, the yardstick for recovery time."""
+    try:
+        return measure_torchrun_restart()
+    except RuntimeError as exc:
+        get_run_logger().warning("torchrun restart not measured: %s", exc)
+        return None
+
+
+@contextmanager
+def storage_proxy(plan: FaultPlan):
+    """For storage-outage drills: route the job's S3 traffic through a relay the drill can cut."""
+    if plan.kind != FaultKind.storage_outage:
+        yield plan
+        return
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if not endpoint:
+        raise ValueError("storage-outage drills need AWS_ENDPOINT_URL_S3 (an S3-compatible endpoint)")
+    upstream = urlparse(endpoint)
+    proxy = StorageProxy(upstream.hostname, upstream.port or (443 if upstream.scheme == "https" else 80))
+    previous = os.environ.get("AWS_ENDPOINT_URL_S3")
+    os.environ["AWS_ENDPOINT_URL_S3"] = f"{upstream.scheme}://127.0.0.1:{proxy.port}"
+    try:
+        yield plan.model_copy(update={"proxy_port": proxy.port})
+    finally:
+        proxy.close()
+        if previous is None:
+            os.environ.pop("AWS_ENDPOINT_URL_S3", None)
+        else:
+            os.environ["AWS_ENDPOINT_URL_S3"] = previous
+
+
+def run_lifecycle(spec: RunSpec, chaos: FaultPlan | None = None) -> dict:
+    state = training_lifecycle(spec, chaos=chaos, return_state=True)
+    summary = state.result(raise_on_failure=False)
+    if not isinstance(summary, dict):
+        raise RuntimeError(f"the lifecycle crashed: {state.message}")
+    return summary
+
+
+@flow(name="fault-drill", flow_run_name="{spec.name}-{fault.kind.value}")
+def fault_drill(spec: RunSpec, fault: FaultPlan, fresh_baseline: bool = False) -> dict:
+    """Baseline (reused when one exists for this job and environment), the faulted run, the report."""
+    logger = get_run_logger()
+    check_plan(spec, fault)
+    spec = drill_spec(spec, fault)
+    key = baseline_key(spec, fingerprint_environment().fingerprint)
+    baseline = None if fresh_baseline else load_baseline(key)
+    if baseline is None:
+        logger.info("running the fault-free baseline")
+        base_summary = run_lifecycle(spec)
+        if base_summary["status"] != "succeeded":
+            raise RuntimeError(f"the baseline failed: {base_summary['reason']}")
+        baseline = save_baseline(key, base_summary)
+    else:
+        logger.info("reusing baseline %s (params %s)", baseline["run_id"], baseline["params_sha256"][:12])
+    with storage_proxy(fault) as plan:
+        summary = run_lifecycle(spec, chaos=plan)
+    released = bool(summary.get("teardown", {}).get("clean")) and not job_processes(summary["run_id"])
+    report = drill_report(fault, summary, baseline, torchrun_restart_s(), released)
+    logger.info("drill %s: %s", fault.kind.value, "PASSED" if report["passed"] else "FAILED")
+    return report
+
+
+if __name__ == "__main__":
+    fault_drill(load_spec(sys.argv[1]), FaultPlan(kind=sys.argv[2], at_step=int(sys.argv[3])))

@@ -1,0 +1,257 @@
+"""What a person sees of a run in the Prefect UI besides its task runs: a progress artifact while it
+trains (step of total, attempt), a markdown summary at the end, and events for what matters
+(attempt failed, recovered, checkpoint committed, run finished) for automations to act on.
+
+These are plain functions called from the flow and the watch task, not tasks: they add no task
+runs, and reporting never fails a run (a failed call is logged as a warning).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+from uuid import UUID
+
+from prefect import get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from prefect.events import emit_event
+
+from tasks.records import CheckpointRecord, RunRecord
+from trainflow.automation import (
+    ATTEMPT_FAILED, ATTEMPT_RECOVERED, CHECKPOINT_COMMITTED, RESOURCE_PREFIX, RUN_FAILED, RUN_SUCCEEDED,
+)
+from trainflow.failures import AttemptResult, Decision, Outcome
+from trainflow.spec import RunSpec
+
+PROGRESS_EVERY_S = 2.0  # the watch loop flushes metrics every second; the UI needs less
+MLFLOW_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves a local (sqlite) store by default
+
+
+@dataclass
+class RunReport:
+    """What reporting remembers about one run while it is in flight."""
+
+    spec_name: str
+    total_steps: int
+    progress_id: UUID | None = None
+    progress_at: float = 0.0
+    failure_detected_at: float | None = None
+    recovered: int = 0  # the last attempt reported as recovered
+
+
+_reports: dict[str, RunReport] = {}  # by trainflow run id; the flow and its watch tasks share one process
+
+
+def best_effort(function):
+    """Reporting is for people: log what went wrong and let the run go on."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - a UI artifact or event is never worth a failed run
+            get_run_logger().warning("%s: %s: %s", function.__name__, type(exc).__name__, exc)
+            return None
+
+    return wrapper
+
+
+def _resource(record: RunRecord) -> dict[str, str]:
+    return {"prefect.resource.id": f"{RESOURCE_PREFIX}{record.run_id}", "prefect.resource.name": record.run_id}
+
+
+def _related(record: RunRecord) -> list[dict[str, str]]:
+    related = [
+        {
+            "prefect.resource.id": f"mlflow.run.{record.mlflow_run_id}",
+            "prefect.resource.role": "mlflow-run",
+            "prefect.resource.name": record.experiment,
+        }
+    ]
+    if record.prefect_flow_run_id:
+        related.append(
+            {"prefect.resource.id": f"prefect.flow-run.{record.prefect_flow_run_id}", "prefect.resource.role": "flow-run"}
+        )
+    return related
+
+
+def _emit(event: str, record: RunRecord, payload: dict) -> None:
+    emit_event(event, resource=_resource(record), related=_related(record),
+               payload={"mlflow_run_id": record.mlflow_run_id, **payload})
+
+
+def _describe(report: RunReport, attempt: int, step: int) -> str:
+    return f"attempt {attempt}: step {step} of {report.total_steps}"
+
+
+@best_effort
+def start_report(spec: RunSpec, record: RunRecord) -> None:
+    """Open the run's progress artifact at step 0."""
+    report = RunReport(spec.name, spec.workload.steps)
+    _reports[record.run_id] = report
+    report.progress_id = create_progress_artifact(
+        0.0, key=f"{spec.name}-progress", description=f"{record.run_id}: starting, 0 of {spec.workload.steps} steps"
+    )
+
+
+@best_effort
+def report_progress(record: RunRecord, attempt: int, rows: list[tuple[str, float, int, float]]) -> None:
+    """Called with each batch of metrics the watch loop flushes; updates the artifact every few seconds
+    and announces the first step of an attempt that follows a failure."""
+    report = _reports.get(record.run_id)
+    if report is None or not rows:
+        return
+    step = max(row[2] for row in rows)
+    if report.failure_detected_at is not None and attempt > max(report.recovered, 1):
+        report.recovered = attempt
+        recovery_s = round(time.time() - report.failure_detected_at, 3)
+        _emit(ATTEMPT_RECOVERED, record, {"attempt": attempt, "step": step, "recovery_s": recovery_s})
+    if report.progress_id is None or time.monotonic() - report.progress_at < PROGRESS_EVERY_S:
+        return
+    report.progress_at = time.monotonic()
+    update_progress_artifact(
+        report.progress_id, min(100.0, 100.0 * step / report.total_steps), description=_describe(report, attempt, step)
+    )
+
+
+@best_effort
+def report_checkpoint(record: RunRecord, snapshot: CheckpointRecord) -> None:
+    """A checkpoint the snapshot task verified is committed: say so."""
+    if snapshot.verified:
+        _emit(CHECKPOINT_COMMITTED, record,
+              {"step": snapshot.step, "uri": snapshot.uri, "bytes": snapshot.bytes, "attempt": snapshot.attempt})
+
+
+@best_effort
+def report_attempt(record: RunRecord, result: AttemptResult, decision: Decision) -> None:
+    """An attempt that did not succeed is an event, with the branch the run takes next."""
+    if result.outcome == Outcome.SUCCEEDED:
+        return
+    report = _reports.get(record.run_id)
+    if report is not None:
+        report.failure_detected_at = result.detected_at
+    _emit(
+        ATTEMPT_FAILED,
+        record,
+        {
+            "attempt": result.attempt,
+            "outcome": result.outcome.value,
+            "reason": result.reason[:1000],
+            "last_step": result.last_step,
+            "resumed_from_step": result.resumed_from_step,
+            "detection_latency_s": result.detection_latency_s,
+            "retry": decision.retry,
+            "decision": decision.reason[:1000],
+        },
+    )
+
+
+@best_effort
+def report_run(spec: RunSpec, record: RunRecord, summary: dict) -> None:
+    """The end of the run: final progress, the markdown summary, and a succeeded/failed event."""
+    report = _reports.pop(record.run_id, None)
+    succeeded = summary["status"] == "succeeded"
+    if report is not None and report.progress_id is not None:
+        attempt = summary["attempts"][-1]["attempt"] if summary["attempts"] else 0
+        update_progress_artifact(
+            report.progress_id,
+            100.0 if succeeded else min(100.0, 100.0 * summary["final_step"] / spec.workload.steps),
+            description=f"{summary['status']}: " + _describe(report, attempt, summary["final_step"]),
+        )
+    create_markdown_artifact(
+        summary_markdown(summary, mlflow_link(record)),
+        key=f"{spec.name}-summary",
+        description=f"{record.run_id}: {summary['status']} at step {summary['final_step']} of {spec.workload.steps}",
+    )
+    _emit(
+        RUN_SUCCEEDED if succeeded else RUN_FAILED,
+        record,
+        {
+            "status": summary["status"],
+            "reason": str(summary["reason"])[:1000],
+            "final_step": summary["final_step"],
+            "total_steps": spec.workload.steps,
+            "attempts": len(summary["attempts"]),
+            "goodput": summary["goodput"],
+            "params_sha256": summary["params_sha256"],
+        },
+    )
+
+
+def public_uri(uri: str) -> str:
+    """The URI without user:password, for anything a person reads."""
+    parts = urlsplit(uri)
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        netloc = f"{host}:{parts.port}" if parts.port else host
+        return urlunsplit(parts._replace(netloc=netloc))
+    return uri
+
+
+def mlflow_link(record: RunRecord) -> dict[str, str]:
+    """Where to look at the run in the MLflow UI: the server itself, or `mlflow ui` over a local store."""
+    from mlflow.tracking import MlflowClient
+
+    experiment_id = MlflowClient(record.tracking_uri).get_run(record.mlflow_run_id).info.experiment_id
+    uri = public_uri(record.tracking_uri)
+    local = not uri.startswith(("http://", "https://"))
+    base = MLFLOW_UI if local else uri.rstrip("/")
+    return {
+        "url": f"{base}/#/experiments/{experiment_id}/runs/{record.mlflow_run_id}",
+        "command": f"mlflow ui --backend-store-uri {uri}" if local else "",
+        "tracking_uri": uri,
+    }
+
+
+def _cell(value, digits: int = 3) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def summary_markdown(summary: dict, mlflow: dict[str, str]) -> str:
+    """The run at a glance: outcome, attempts with their timings and lost steps, goodput, checkpoints,
+    and where MLflow keeps the rest."""
+    lines = [
+        f"# {summary['run_id']}: {summary['status']} at step {summary['final_step']} of {summary['total_steps']}",
+        "",
+        f"{_cell(summary['reason'])}",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| Goodput | {_cell(summary['goodput'])} |",
+        f"| Final loss | {_cell(summary.get('final_loss'), 4)} |",
+        f"| Parameters sha256 | `{summary.get('params_sha256') or '–'}` |",
+        f"| MLflow run | [{summary['mlflow_run_id']}]({mlflow['url']}) in experiment `{summary['experiment']}` |",
+        f"| Tracking URI | `{mlflow['tracking_uri']}` |",
+    ]
+    if mlflow["command"]:
+        lines.append(f"| Open it with | `{mlflow['command']}` |")
+    teardown = summary.get("teardown") or {}
+    if teardown:
+        clean = "clean" if teardown.get("clean") else "survivors: " + _cell("; ".join(teardown.get("survivors", [])))
+        lines.append(f"| Teardown | {clean} |")
+    lines += [
+        "",
+        "## Attempts",
+        "",
+        "| Attempt | Outcome | World size | Steps | Detection (s) | Recovery (s) | Lost steps | Reason |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in summary["attempts"]:
+        lines.append(
+            f"| {row['attempt']} | {row['outcome']} | {row['world_size']} | {row['resumed_from_step']} → "
+            f"{row.get('last_step', '–')} | {_cell(row['detection_latency_s'])} | {_cell(row['recovery_s'])} | "
+            f"{row['lost_steps']} | {_cell(row.get('reason'))} |"
+        )
+    lines += ["", "## Checkpoints", ""]
+    if summary["checkpoints"]:
+        lines += ["| Step | URI | Verified |", "|---|---|---|"]
+        lines += [f"| {c['step']} | `{c['uri']}` | {'yes' if c['verified'] else 'NO'} |" for c in summary["checkpoints"]]
+    else:
+        lines.append("No committed checkpoint is kept.")
+    return "\n".join(lines) + "\n"
