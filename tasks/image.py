@@ -14,6 +14,10 @@ from trainflow.spec import RunSpec
 def prepare_image(spec: RunSpec, record: RunRecord, provisioned: Provisioned) -> Environment:
     """Refuse to launch in an environment that does not satisfy the lock; record the fingerprint."""
     environment = fingerprint_environment()
+    build = getattr(provisioned.launcher, "prepare_image", None)  # backends that run a container image
+    if build is not None:
+        image = build(spec, provisioned.allocation)
+        provisioned.tracker.set_tags(record.mlflow_run_id, {f"image_{k}": v for k, v in image.items() if v})
     provisioned.tracker.set_tags(
         record.mlflow_run_id,
         {

@@ -18,7 +18,9 @@ def provision(spec: RunSpec, record: RunRecord) -> Provisioned:
     """Reserve the job's resources with its backend; nothing runs yet."""
     launcher = launcher_for(spec)
     allocation = launcher.provision(spec, record.run_id, runs_root() / record.run_id)
-    channel = StatusServer(host=allocation.status_host)
+    # bind where the backend says (0.0.0.0 for pods), advertise the address workers can reach
+    bind_host = getattr(launcher, "status_bind_host", allocation.status_host)
+    channel = StatusServer(host=bind_host, advertise_host=allocation.status_host)
     get_run_logger().info(
         "provisioned %d %s node(s) x %d process(es); status channel on %s",
         allocation.nodes, launcher.name, spec.resources.procs_per_node, channel.address,

@@ -97,7 +97,9 @@ def git_state(root: Path = PROJECT_ROOT) -> tuple[str, bool]:
         )
         return commit, dirty
     except (OSError, subprocess.SubprocessError):
-        return "unknown", True
+        # inside a built image there is no .git: the build records the commit instead
+        commit = os.environ.get("TRAINFLOW_GIT_COMMIT")
+        return (commit, False) if commit else ("unknown", True)
 
 
 def fingerprint_environment(lock: Path | None = None) -> Environment:

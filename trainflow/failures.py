@@ -95,6 +95,10 @@ def classify_exit(exits: list[NodeExit], status: AttemptStatus) -> tuple[Outcome
         error = causes[0]
         kind = Outcome.INFRA if error.get("type") in INFRA_ERRORS else Outcome.USER_ERROR
         return kind, f"rank {error.get('rank')} raised {error.get('type')} at step {error.get('step')}: {error.get('message')}"
+    for node_exit in sorted(failed, key=lambda e: e.node):
+        hinted = getattr(node_exit, "outcome", None)  # a backend's own evidence (a pod OOMKilled, evicted)
+        if hinted is not None:
+            return hinted, f"node {node_exit.node}: {getattr(node_exit, 'reason', '') or hinted.value}"
     symptomatic = {e.get("node") for e in status.errors}
     first = next((e for e in failed if e.node not in symptomatic), None)
     if first is None:
@@ -142,7 +146,8 @@ def decide(policy: FaultTolerance, results: list[AttemptResult]) -> Decision:
     if used > budget:
         return Decision(False, f"{name} budget spent ({budget}): {last.outcome.value}: {last.reason}")
     backoff = 0.0
-    if last.outcome != Outcome.PREEMPTED:  # a reclaimed machine is not a reason to wait
-        retries = sum(1 for r in results if r.outcome != Outcome.PREEMPTED)
-        backoff = min(policy.backoff_max_s, policy.backoff_s * 2 ** (retries - 1))
+    retries = sum(1 for r in results if r.outcome != Outcome.PREEMPTED)
+    # an isolated failure is retried at once; repeated ones back off; a reclaimed machine never waits
+    if last.outcome != Outcome.PREEMPTED and retries > 1:
+        backoff = min(policy.backoff_max_s, policy.backoff_s * 2 ** (retries - 2))
     return Decision(True, f"{last.outcome.value}: {last.reason}; {name} retry {used} of {budget}", backoff)

@@ -124,6 +124,30 @@ class Checkpoint(Section):
     keep_last: Annotated[int, Field(ge=2)] = Field(
         default=3, title="Keep last", description="Committed checkpoints kept per run (at least 2)."
     )
+    keep_every_steps: Annotated[int, Field(ge=0)] = Field(
+        default=0,
+        title="Keep every N steps",
+        description="Also keep every checkpoint whose step is a multiple of N, for good (0: off).",
+    )
+    snapshot_every_s: Annotated[float, Field(ge=0, le=86400)] = Field(
+        default=0,
+        title="Snapshot every (s)",
+        description="Copy a checkpoint from node-local disk to the checkpoint URI at most this often "
+        "(0: every checkpoint). The first of an attempt and the last step always go.",
+    )
+    local_tier: bool = Field(
+        default=True,
+        title="Node-local tier",
+        description="Save to each node's local disk first and restore from there when it verifies.",
+    )
+
+    @model_validator(mode="after")
+    def _kept_steps_are_saved(self) -> Checkpoint:
+        if self.keep_every_steps and self.keep_every_steps % self.every_steps:
+            raise ValueError(
+                f"keep_every_steps ({self.keep_every_steps}) must be a multiple of every_steps ({self.every_steps})"
+            )
+        return self
 
     @property
     def is_s3(self) -> bool:
@@ -169,7 +193,7 @@ class FaultTolerance(Section):
         description="Outcomes that take the retry branch (USER_ERROR also needs max_user_errors > 0).",
     )
     backoff_s: Annotated[float, Field(ge=0, le=3600)] = Field(
-        default=1.0, title="Backoff (s)", description="Wait before the first retry; doubles each retry. Not after preemptions."
+        default=1.0, title="Backoff (s)", description="Wait before the second retry, doubling after; the first retry and preemptions never wait."
     )
     backoff_max_s: Annotated[float, Field(ge=0, le=3600)] = Field(default=60.0, title="Longest backoff (s)")
     heartbeat_interval_s: Annotated[float, Field(gt=0, le=60)] = Field(default=1.0, title="Heartbeat interval (s)")

@@ -52,7 +52,7 @@ class AttemptStatus:
 
 
 class StatusServer:
-    def __init__(self, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, advertise_host: str | None = None):
         self.token = secrets.token_hex(16)
         self.metrics: queue.Queue = queue.Queue()
         self.events: queue.Queue = queue.Queue()
@@ -70,7 +70,8 @@ class StatusServer:
             allow_reuse_address = True
 
         self._server = Server((host, port), Handler)
-        self.host, self.port = self._server.server_address[:2]
+        bound_host, self.port = self._server.server_address[:2]
+        self.host = advertise_host or bound_host  # where workers connect; may differ from 0.0.0.0
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.2,), daemon=True)
         self._thread.start()
 

@@ -86,10 +86,7 @@ class AttemptWatcher:
         now = time.time()
         exits = self.launcher.poll(self.handle)
         status = self.channel.snapshot()
-        ended = [e for e in exits if not e.running]
-        if ended:
-            if len(ended) < len(exits) and all(e.returncode == 0 for e in ended):
-                return None  # the others are finishing too
+        if any(e.failing for e in exits) or all(not e.running for e in exits):
             return self._ended_by_exit(exits, now)
 
         if not status.ranks:
@@ -124,7 +121,7 @@ class AttemptWatcher:
 
     def _ended_by_exit(self, exits, detected_at: float) -> AttemptResult:
         deadline = time.monotonic() + EXIT_EVIDENCE_S
-        while any(e.running for e in exits) and time.monotonic() < deadline:
+        while any(e.running for e in exits) and time.monotonic() < deadline:  # agents follow their workers
             time.sleep(0.05)
             exits = self.launcher.poll(self.handle)
         self._pump()

@@ -74,8 +74,8 @@ def test_outcome_left_out_of_retry_on_is_not_retried():
 
 
 def test_backoff_doubles_and_skips_preemptions():
-    rules = policy(5, backoff_s=1.0, backoff_max_s=3.0)
-    assert decide(rules, [result(1, Outcome.CRASHED, 1)]).backoff_s == 1.0
+    rules = policy(5, backoff_s=2.0, backoff_max_s=3.0)
+    assert decide(rules, [result(1, Outcome.CRASHED, 1)]).backoff_s == 0.0  # an isolated failure: at once
     assert decide(rules, [result(1, Outcome.CRASHED, 1), result(2, Outcome.HUNG, 2)]).backoff_s == 2.0
     three = [result(1, Outcome.CRASHED, 1), result(2, Outcome.HUNG, 2), result(3, Outcome.KILLED, 3)]
     assert decide(rules, three).backoff_s == 3.0  # capped

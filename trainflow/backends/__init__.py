@@ -30,6 +30,8 @@ def launcher_for(spec: RunSpec) -> Launcher:
     name = spec.resources.backend.value
     if name == "local":
         import trainflow.backends.local  # noqa: F401  (registers itself)
+    if name == "kubernetes":
+        import trainflow.backends.kubernetes  # noqa: F401  (registers itself)
     if name not in _REGISTRY:
         raise ValueError(f"resources.backend: {name!r} is not available in this installation")
     return _REGISTRY[name]()

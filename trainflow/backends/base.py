@@ -38,18 +38,25 @@ class AttemptHandle:
     nodes: int
     started_at: float
     logs: dict[int, Path]
+    procs_per_node: int = 1
     processes: dict[int, Any] = field(default_factory=dict)
     slots: list[int] = field(default_factory=list)  # the node slot each node of this attempt runs in
+    workers: dict[int, list] = field(default_factory=dict)  # backend's view of each node's worker processes
 
 
 @dataclass(frozen=True)
 class NodeExit:
     node: int
     returncode: int | None  # None while running; negative: killed by that signal
+    workers_lost: bool = field(default=False, kw_only=True)  # a worker died; its agent still runs
 
     @property
     def running(self) -> bool:
         return self.returncode is None
+
+    @property
+    def failing(self) -> bool:
+        return self.workers_lost or (self.returncode is not None and self.returncode != 0)
 
 
 @dataclass

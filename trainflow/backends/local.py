@@ -30,6 +30,13 @@ LOOPBACK = "127.0.0.1"
 PY_SPY = Path(sys.executable).parent / "py-spy"
 
 
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 class ProvisionError(RuntimeError):
     """The resources the spec asks for are not available here."""
 
@@ -81,7 +88,8 @@ class LocalLauncher:
         attempt_dir = allocation.scratch / f"attempt-{plan.attempt}"
         attempt_dir.mkdir(parents=True, exist_ok=True)
         nodes = spec.resources.nodes
-        handle = AttemptHandle(attempt=plan.attempt, nodes=nodes, started_at=time.time(), logs={})
+        handle = AttemptHandle(attempt=plan.attempt, nodes=nodes, started_at=time.time(), logs={},
+                               procs_per_node=spec.resources.procs_per_node)
         handle.slots = allocation.slots[:nodes]
         for node, slot in enumerate(handle.slots):
             config = worker_config(spec, allocation.run_id, plan, node, allocation.scratch / f"node-{slot}")
@@ -101,7 +109,25 @@ class LocalLauncher:
         return handle
 
     def poll(self, handle: AttemptHandle) -> list[NodeExit]:
-        return [NodeExit(node, proc.poll()) for node, proc in sorted(handle.processes.items())]
+        """Agents' exit codes, and a dead worker noticed before its agent has reacted (the agent
+        takes most of a second to notice, stop its other workers and exit)."""
+        exits = []
+        for node, proc in sorted(handle.processes.items()):
+            code = proc.poll()
+            lost = code is None and any(not _alive(w) for w in self._workers(handle, node, proc.pid))
+            exits.append(NodeExit(node, code, workers_lost=lost))
+        return exits
+
+    @staticmethod
+    def _workers(handle: AttemptHandle, node: int, agent_pid: int) -> list[psutil.Process]:
+        known = handle.workers.get(node, [])
+        if len(known) < handle.procs_per_node:
+            try:
+                known = [c for c in psutil.Process(agent_pid).children() if _alive(c)]
+            except psutil.Error:
+                known = []
+            handle.workers[node] = known
+        return known if len(known) == handle.procs_per_node else []
 
     def stop(self, handle: AttemptHandle, grace_s: float) -> int:
         """End every node's whole session: SIGTERM (torchrun forwards it) and SIGCONT (so frozen

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import shutil
 import subprocess
+from pathlib import Path
+
+NETNS_ETC = Path("/etc/netns")  # `ip netns exec` bind-mounts /etc/netns/<name>/* over /etc/*
 
 
 class NetworkError(RuntimeError):
@@ -83,6 +87,7 @@ class NodeNetwork:
         ns, host, peer = self.namespace(node), self.host_link(node), f"tfp{self.tag}{node}"
         _ip("netns", "add", ns)
         self.created.append(f"netns:{ns}")
+        self._write_name_service(ns)
         _ip("link", "add", host, "type", "veth", "peer", "name", peer)
         _ip("link", "set", peer, "netns", ns)
         _ip("-n", ns, "link", "set", peer, "name", "eth0")
@@ -92,6 +97,16 @@ class NodeNetwork:
         _ip("-n", ns, "route", "add", "default", "via", self.host_address)
         _ip("link", "set", host, "master", self.bridge)
         _ip("link", "set", host, "up")
+
+    def _write_name_service(self, ns: str) -> None:
+        """Names for every address and no reachable DNS server: gloo's and c10d's lookups of peer
+        names are answered at once instead of timing out against a resolver the namespace cannot reach."""
+        folder = NETNS_ETC / ns
+        folder.mkdir(parents=True, exist_ok=True)
+        lines = ["127.0.0.1 localhost", f"{self.host_address} trainflow-orchestrator"]
+        lines += [f"{self.node_address(n)} trainflow-node-{n}" for n in range(self.nodes)]
+        (folder / "hosts").write_text("\n".join(lines) + "\n")
+        (folder / "resolv.conf").write_text("options timeout:1 attempts:1\n")
 
     def wrap(self, command: list[str], node: int) -> list[str]:
         return ["ip", "netns", "exec", self.namespace(node), *command]
@@ -108,6 +123,7 @@ class NodeNetwork:
             kind, name = item.split(":", 1)
             if kind == "netns":
                 _ip("netns", "del", name, check=False)
+                shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
             else:
                 _ip("link", "del", name, check=False)
         self.created.clear()
@@ -117,6 +133,7 @@ class NodeNetwork:
         namespaces = _ip("netns", "list", check=False).stdout
         links = _ip("-o", "link", "show", check=False).stdout
         left = [f"netns {self.namespace(n)}" for n in range(self.nodes) if self.namespace(n) in namespaces]
+        left += [str(NETNS_ETC / self.namespace(n)) for n in range(self.nodes) if (NETNS_ETC / self.namespace(n)).exists()]
         if f" {self.bridge}:" in links or f" {self.bridge}@" in links:
             left.append(f"bridge {self.bridge}")
         return left

@@ -1,0 +1,67 @@
+"""The manifests of a run: its headless Service (once per run) and, per attempt, the ConfigMap of
+worker configs and the workload. Plain dicts, the same ones `trainflow render` writes out."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from trainflow.backends.base import AttemptPlan
+from trainflow.backends.kubernetes.names import LABEL_COMPONENT, LABEL_RUN, RENDEZVOUS, WORKER_CONFIG, WORKERS, RunNames
+from trainflow.backends.kubernetes.pod import RENDEZVOUS_PORT, SCRATCH_DIR
+from trainflow.backends.kubernetes.workloads import Attempt, config_keys, workload
+from trainflow.backends.worker import worker_config
+from trainflow.spec import RunSpec
+
+
+def headless_service(spec: RunSpec, run_id: str) -> dict:
+    """Gives every worker pod of the run a stable DNS name, `<hostname>.<service>`, for rendezvous."""
+    names = RunNames(run_id)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": names.service,
+            "namespace": spec.kubernetes.namespace,
+            "labels": names.labels(RENDEZVOUS),
+            "annotations": names.annotations(),
+        },
+        "spec": {
+            "clusterIP": "None",
+            "selector": {LABEL_RUN: names.base, LABEL_COMPONENT: WORKERS},
+            # the rendezvous host must resolve before its pod is Ready: it becomes ready by rendezvousing
+            "publishNotReadyAddresses": True,
+            "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT, "targetPort": RENDEZVOUS_PORT, "protocol": "TCP"}],
+        },
+    }
+
+
+def worker_configs(spec: RunSpec, run_id: str, plan: AttemptPlan) -> dict[str, str]:
+    """ConfigMap key -> the worker config JSON of that node (the local backend's file, verbatim)."""
+    keys = config_keys(spec.kubernetes.launch_api, spec.resources.nodes)
+    return {
+        key: json.dumps(dataclasses.asdict(worker_config(spec, run_id, plan, node, Path(SCRATCH_DIR))), indent=1)
+        for key, node in keys.items()
+    }
+
+
+def worker_config_map(spec: RunSpec, run_id: str, plan: AttemptPlan) -> dict:
+    names = RunNames(run_id)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": names.config(plan.attempt),
+            "namespace": spec.kubernetes.namespace,
+            "labels": names.labels(WORKER_CONFIG, plan.attempt),
+            "annotations": names.annotations(),
+        },
+        "immutable": True,
+        "data": worker_configs(spec, run_id, plan),
+    }
+
+
+def attempt_manifests(spec: RunSpec, run_id: str, plan: AttemptPlan, image: str) -> list[dict]:
+    """What launching attempt `plan.attempt` creates, in creation order (config before pods)."""
+    return [worker_config_map(spec, run_id, plan), workload(Attempt(spec, run_id, plan.attempt, image))]

@@ -1,0 +1,73 @@
+"""`trainflow render`: the manifests an attempt would create, written out for review or GitOps.
+
+Offline: no cluster, no registry. The status address and token in the worker configs are
+placeholders (the orchestrator opens the real channel when it launches an attempt), and a
+derived image tag is computed from the files here without asking whether the registry has it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from trainflow.backends.base import AttemptPlan
+from trainflow.backends.kubernetes.image import context_uri, kaniko_job, planned_image
+from trainflow.backends.kubernetes.manifests import attempt_manifests, headless_service
+from trainflow.environment import PROJECT_ROOT, git_state
+from trainflow.spec import RunSpec
+
+PLACEHOLDER_TOKEN = "set-by-the-orchestrator-at-launch"
+PLACEHOLDER_HOST = "orchestrator.invalid"
+PLACEHOLDER_PORT = 7070
+
+
+def rendered(spec: RunSpec, run_id: str, attempt: int = 1, root: Path = PROJECT_ROOT) -> dict[str, dict]:
+    """File name -> manifest, in the order they are applied."""
+    image = planned_image(spec, root)
+    commit, dirty = git_state(root)
+    plan = AttemptPlan(
+        attempt=attempt,
+        status_address=f"{spec.kubernetes.status_host or PLACEHOLDER_HOST}:{PLACEHOLDER_PORT}",
+        status_token=PLACEHOLDER_TOKEN,
+        code_version=commit[:12] + ("-dirty" if dirty else ""),
+        restore_prefix=None,
+    )
+    config_map, workload = attempt_manifests(spec, run_id, plan, image.reference)
+    files = {"00-service.yaml": headless_service(spec, run_id)}
+    if image.derived:
+        files["05-image-build-job.yaml"] = kaniko_job(spec, run_id, image, context_uri(spec, image))
+    files["10-worker-config.yaml"] = config_map
+    files[f"20-{workload['kind'].lower()}.yaml"] = workload
+    return files
+
+
+HEADERS = {
+    "05-image-build-job.yaml": "# Created only when the registry lacks the image, after the build context is uploaded.\n",
+    "10-worker-config.yaml": "# status_address and status_token are placeholders: the orchestrator sets them at launch.\n",
+}
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (the worker configs) as literal blocks, no anchors: readable in review."""
+
+    def ignore_aliases(self, data) -> bool:
+        return True
+
+
+def _string(dumper: yaml.SafeDumper, text: str):
+    style = "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_Dumper.add_representer(str, _string)
+
+
+def render_attempt(spec: RunSpec, out_dir: Path, run_id: str | None = None, attempt: int = 1) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, doc in rendered(spec, run_id or f"{spec.name}-render", attempt).items():
+        path = out_dir / name
+        path.write_text(HEADERS.get(name, "") + yaml.dump(doc, Dumper=_Dumper, sort_keys=False))
+        written.append(path)
+    return written
