@@ -66,7 +66,7 @@ def run_lifecycle(spec: RunSpec, chaos: FaultPlan | None = None) -> dict:
 
 
 @flow(name="fault-drill", flow_run_name="{spec.name}-{fault.kind.value}")
-def fault_drill(spec: RunSpec, fault: FaultPlan, fresh_baseline: bool = False) -> dict:
+def fault_drill(spec: RunSpec, fault: FaultPlan, fresh_baseline: bool = False, compare_torchrun: bool = True) -> dict:
     """Baseline (reused when one exists for this job and environment), the faulted run, the report."""
     logger = get_run_logger()
     check_plan(spec, fault)
@@ -84,7 +84,8 @@ def fault_drill(spec: RunSpec, fault: FaultPlan, fresh_baseline: bool = False) -
     with storage_proxy(fault) as plan:
         summary = run_lifecycle(spec, chaos=plan)
     released = bool(summary.get("teardown", {}).get("clean")) and not job_processes(summary["run_id"])
-    report = drill_report(fault, summary, baseline, torchrun_restart_s(), released)
+    yardstick = torchrun_restart_s() if compare_torchrun else None
+    report = drill_report(fault, summary, baseline, yardstick, released)
     logger.info("drill %s: %s", fault.kind.value, "PASSED" if report["passed"] else "FAILED")
     return report
 

@@ -44,7 +44,16 @@ def release_attempt(
             if value is not None
         ],
     )
+    stacks = result.evidence.pop("stacks", {})
     tracker.log_json(child, {"reason": result.reason, **result.evidence}, "evidence.json")
+    for rank, text in stacks.items():
+        tracker.log_text(child, text, f"stacks/rank-{rank}.txt")
+    for path in handle.logs.values():  # the workers' own output, and torchrun's error files
+        if path.exists():
+            tracker.log_file(child, path, "logs")
+    attempt_dir = next(iter(handle.logs.values())).parent if handle.logs else None
+    for index, error_file in enumerate(sorted(attempt_dir.glob("torchrun/**/error.json")) if attempt_dir else []):
+        tracker.log_file(child, error_file, f"logs/errors/{index}")
     tracker.end_run(child, "FINISHED" if result.outcome.value == "SUCCEEDED" else "FAILED")
     get_run_logger().info("attempt %d released (%d process(es) stopped)", result.attempt, stopped)
     return stopped

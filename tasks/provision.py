@@ -8,6 +8,7 @@ from tasks import lifecycle_task
 from tasks.records import Provisioned, RunRecord
 from trainflow.backends import launcher_for
 from trainflow.home import runs_root
+from trainflow.orphans import reap_stale_runs, write_marker
 from trainflow.spec import RunSpec
 from trainflow.status import StatusServer
 from trainflow.tracking import Tracker
@@ -16,12 +17,19 @@ from trainflow.tracking import Tracker
 @lifecycle_task(name="provision")
 def provision(spec: RunSpec, record: RunRecord) -> Provisioned:
     """Reserve the job's resources with its backend; nothing runs yet."""
+    logger = get_run_logger()
+    for reaped in reap_stale_runs():
+        logger.warning("reaped run %s: its orchestrator died before teardown (%d process(es) ended)",
+                       reaped["run_id"], reaped["processes"])
     launcher = launcher_for(spec)
     allocation = launcher.provision(spec, record.run_id, runs_root() / record.run_id)
+    network = allocation.details.get("network")
+    write_marker(allocation.scratch, record.run_id, record.mlflow_run_id, record.tracking_uri,
+                 network.record() if network is not None else None)
     # bind where the backend says (0.0.0.0 for pods), advertise the address workers can reach
     bind_host = getattr(launcher, "status_bind_host", allocation.status_host)
     channel = StatusServer(host=bind_host, advertise_host=allocation.status_host)
-    get_run_logger().info(
+    logger.info(
         "provisioned %d %s node(s) x %d process(es); status channel on %s",
         allocation.nodes, launcher.name, spec.resources.procs_per_node, channel.address,
     )

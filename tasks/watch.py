@@ -6,6 +6,7 @@ from prefect import get_run_logger
 
 from tasks import lifecycle_task
 from tasks.records import Provisioned, RunRecord
+from tasks.reporting import report_progress
 from trainflow.backends import AttemptHandle
 from trainflow.failures import AttemptResult
 from trainflow.spec import RunSpec
@@ -28,6 +29,15 @@ def watch_attempt(
             logger.error("rank %s: %s: %s", event.get("rank"), event.get("type"), event.get("message"))
         elif kind == "restored":
             logger.info("rank %s restored step %s in %.2fs", event.get("rank"), event["step"], event["seconds"])
+        elif kind == "straggler":
+            logger.warning("rank %s on node %s is a straggler (compute %.1fx the others') at step %s",
+                           event["rank"], event["node"], event["score"], event["step"])
+        elif kind == "preempted" and event.get("signalled"):
+            logger.warning("rank %s was preempted: emergency checkpoint at step %s", event["rank"], event["step"])
+
+    def on_metrics(rows: list) -> None:
+        provisioned.tracker.log_metrics(record.mlflow_run_id, rows)
+        report_progress(record, handle.attempt, rows)  # the UI's progress artifact, rate-limited
 
     watcher = AttemptWatcher(
         launcher=provisioned.launcher,
@@ -36,10 +46,12 @@ def watch_attempt(
         limits=WatchLimits(
             heartbeat_timeout_s=spec.fault_tolerance.heartbeat_timeout_s,
             hang_timeout_s=spec.fault_tolerance.hang_timeout_s,
+            straggler_factor=spec.fault_tolerance.straggler_factor,
+            straggler_steps=spec.fault_tolerance.straggler_steps,
         ),
         world_size=spec.world_size,
         resumed_from_step=resumed_from_step,
-        on_metrics=lambda rows: provisioned.tracker.log_metrics(record.mlflow_run_id, rows),
+        on_metrics=on_metrics,
         on_event=on_event,
     )
     try:

@@ -77,7 +77,7 @@ def is_peer_failure(error: dict) -> bool:
 
 def classify_exit(exits: list[NodeExit], status: AttemptStatus) -> tuple[Outcome, str]:
     """The outcome of an attempt that ended because its processes exited."""
-    failed = [e for e in exits if not e.running and e.returncode != 0]
+    failed = [e for e in exits if e.failing]
     if not failed:
         if status.finished is not None:
             return Outcome.SUCCEEDED, f"finished at step {status.finished['step']}"
@@ -103,11 +103,15 @@ def classify_exit(exits: list[NodeExit], status: AttemptStatus) -> tuple[Outcome
     first = next((e for e in failed if e.node not in symptomatic), None)
     if first is None:
         return Outcome.INFRA, f"communication failed between nodes: {status.errors[0].get('message', '')[:300]}"
-    if first.returncode == EXIT_ORCHESTRATOR_LOST:
+    code = first.worker_returncode if first.worker_returncode is not None else first.returncode
+    if code == EXIT_ORCHESTRATOR_LOST:
         return Outcome.INFRA, f"node {first.node} lost the orchestrator"
-    if first.returncode is not None and first.returncode < 0:
-        return Outcome.KILLED, f"node {first.node} was killed by {signal_name(-first.returncode)}"
-    return Outcome.CRASHED, f"node {first.node} exited with code {first.returncode}"
+    if code is not None and code < 0:
+        kind = Outcome.KILLED if -code == signal.SIGKILL else Outcome.CRASHED  # SIGKILL: the OOM killer's
+        return kind, f"a worker on node {first.node} was killed by {signal_name(-code)}"
+    if code is None:
+        return Outcome.CRASHED, f"a worker on node {first.node} died"
+    return Outcome.CRASHED, f"node {first.node} exited with code {code}"
 
 
 @dataclass(frozen=True)

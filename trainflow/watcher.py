@@ -23,7 +23,7 @@ HANG_FLOOR_S = 30.0
 HANG_STEP_FACTOR = 20.0
 METRICS_FLUSH_S = 1.0
 STRAGGLER_REPORT_S = 5.0
-EXIT_EVIDENCE_S = 1.0  # after the first node exits, how long to wait for the others' exit codes
+EXIT_EVIDENCE_S = 3.0  # after a worker dies, how long its agent gets to exit and report why
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,7 @@ class AttemptWatcher:
         self._flushed_at = time.monotonic()
         self._scored_at = time.monotonic()
         self.stragglers: dict[int, dict] = {}
+        self._straggling: dict[int, int] = {}
         self.step_time_total = 0.0
 
     def run(self, poll_s: float = 0.1) -> AttemptResult:
@@ -121,7 +122,8 @@ class AttemptWatcher:
 
     def _ended_by_exit(self, exits, detected_at: float) -> AttemptResult:
         deadline = time.monotonic() + EXIT_EVIDENCE_S
-        while any(e.running for e in exits) and time.monotonic() < deadline:  # agents follow their workers
+        # the failing nodes' agents follow their workers within a second or so, with the exit report
+        while any(e.workers_lost for e in exits) and time.monotonic() < deadline:
             time.sleep(0.05)
             exits = self.launcher.poll(self.handle)
         self._pump()
@@ -152,21 +154,24 @@ class AttemptWatcher:
         return dump(self.handle, pids) if dump else {}
 
     def _watch_stragglers(self, status: AttemptStatus) -> None:
-        window = self.limits.straggler_steps
+        """A rank whose mean compute time (step time minus waiting in all-reduce) stays above the
+        factor times the other ranks' median for `straggler_steps` checks in a row."""
+        window = max(4 * self.limits.straggler_steps, 20)
         recent = {r.rank: list(r.compute_s)[-window:] for r in status.ranks.values() if len(r.compute_s) >= window}
         if len(recent) < 2:
             return
         means = {rank: statistics.fmean(values) for rank, values in recent.items()}
         scores = {}
-        for rank, values in recent.items():
+        for rank in recent:
             others = statistics.median(m for r, m in means.items() if r != rank)
             if others <= 0:
                 continue
             scores[rank] = means[rank] / others
-            if rank not in self.stragglers and min(values) > self.limits.straggler_factor * others:
-                node = status.ranks[rank].node
-                report = {"kind": "straggler", "rank": rank, "node": node, "score": round(scores[rank], 2),
-                          "step": status.ranks[rank].step, "t": time.time()}
+            above = scores[rank] > self.limits.straggler_factor
+            self._straggling[rank] = self._straggling.get(rank, 0) + 1 if above else 0
+            if rank not in self.stragglers and self._straggling[rank] >= self.limits.straggler_steps:
+                report = {"kind": "straggler", "rank": rank, "node": status.ranks[rank].node,
+                          "score": round(scores[rank], 2), "step": status.ranks[rank].step, "t": time.time()}
                 self.stragglers[rank] = report
                 self.on_event(report)
         if time.monotonic() - self._scored_at > STRAGGLER_REPORT_S:

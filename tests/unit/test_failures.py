@@ -178,6 +178,25 @@ def test_running_nodes_do_not_count_as_failed():
     assert outcome == Outcome.SUCCEEDED
 
 
-def test_killed_by_a_real_time_signal():
-    outcome, _ = classify_exit([NodeExit(0, -35)], status())
-    assert outcome == Outcome.KILLED
+def test_other_signals_are_crashes_naming_the_signal():
+    outcome, reason = classify_exit([NodeExit(0, -35)], status())
+    assert outcome == Outcome.CRASHED and "signal 35" in reason
+    outcome, reason = classify_exit([NodeExit(0, -11)], status())
+    assert outcome == Outcome.CRASHED and "SIGSEGV" in reason
+
+
+def test_the_failed_workers_own_code_wins_over_its_agents():
+    outcome, reason = classify_exit([NodeExit(0, 0), NodeExit(1, 1, worker_returncode=-9)], status())
+    assert outcome == Outcome.KILLED and "SIGKILL" in reason
+
+
+def test_root_cause_exitcode_is_read_from_torchruns_failure_report(tmp_path):
+    from trainflow.backends.local import root_cause_exitcode
+
+    log = tmp_path / "node-1.log"
+    log.write_text(
+        "Failures:\n  <NO_OTHER_FAILURES>\nRoot Cause (first observed failure):\n[0]:\n"
+        "  rank      : 1 (local_rank: 0)\n  exitcode  : -9 (pid: 4242)\n  traceback : Signal 9 (SIGKILL)\n"
+    )
+    assert root_cause_exitcode(log) == -9
+    assert root_cause_exitcode(tmp_path / "missing.log") is None

@@ -49,6 +49,7 @@ class NodeExit:
     node: int
     returncode: int | None  # None while running; negative: killed by that signal
     workers_lost: bool = field(default=False, kw_only=True)  # a worker died; its agent still runs
+    worker_returncode: int | None = field(default=None, kw_only=True)  # the failed worker's own code
 
     @property
     def running(self) -> bool:

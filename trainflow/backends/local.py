@@ -9,6 +9,7 @@ nccl when the spec asks for GPUs (each node gets its own devices).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,6 +29,21 @@ from trainflow.worker_config import CONFIG_ENV, JOB_ENV
 
 LOOPBACK = "127.0.0.1"
 PY_SPY = Path(sys.executable).parent / "py-spy"
+
+
+ROOT_CAUSE_EXITCODE = re.compile(r"Root Cause.*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def root_cause_exitcode(log: Path) -> int | None:
+    """The failed worker's exit code from torchrun's failure report in the node's log."""
+    try:
+        with open(log, "rb") as handle:
+            handle.seek(max(0, log.stat().st_size - 64_000))
+            tail = handle.read().decode(errors="replace")
+    except OSError:
+        return None
+    found = ROOT_CAUSE_EXITCODE.findall(tail)
+    return int(found[-1]) if found else None
 
 
 def _alive(proc: psutil.Process) -> bool:
@@ -115,7 +131,8 @@ class LocalLauncher:
         for node, proc in sorted(handle.processes.items()):
             code = proc.poll()
             lost = code is None and any(not _alive(w) for w in self._workers(handle, node, proc.pid))
-            exits.append(NodeExit(node, code, workers_lost=lost))
+            worker_code = root_cause_exitcode(handle.logs[node]) if code not in (None, 0) else None
+            exits.append(NodeExit(node, code, workers_lost=lost, worker_returncode=worker_code))
         return exits
 
     @staticmethod

@@ -58,6 +58,19 @@ class NodeNetwork:
                 return candidate
         raise NetworkError("no free /24 left in 10.192.0.0/10 for node namespaces")
 
+    def record(self) -> dict:
+        """Enough to remove these namespaces later, from another process."""
+        return {"tag": self.tag, "nodes": self.nodes, "subnet": str(self.subnet), "created": list(self.created)}
+
+    @classmethod
+    def from_record(cls, record: dict) -> NodeNetwork:
+        network = cls.__new__(cls)
+        network.tag, network.nodes = record["tag"], record["nodes"]
+        network.bridge = f"tfb{network.tag}"
+        network.subnet = ipaddress.ip_network(record["subnet"])
+        network.created = list(record["created"])
+        return network
+
     def namespace(self, node: int) -> str:
         return f"tf-{self.tag}-{node}"
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 from trainflow.checkpoint.storage import open_storage
 from trainflow.runtime import exit_codes
@@ -72,7 +73,10 @@ class Run:
         self._control = ControlPlane(self.rank, self.world_size, config.divergence_check_every_steps)
         self._comm = CommTimer()
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # stack dumps on demand, into the node log
-        self._checkpointer = Checkpointer(config, open_storage(config.checkpoint_uri), self.rank, self.world_size)
+        self._checkpointer = Checkpointer(
+            config, open_storage(config.checkpoint_uri), self.rank, self.world_size,
+            local_rank=self.local_rank, send=self.reporter.send,
+        )
         self._state: Stateful | None = None
         self._metrics: dict[str, float] = {}
         self._last_loss: float | None = None
@@ -88,12 +92,25 @@ class Run:
         continue after (0 for a fresh start). `extras` are objects with state_dict/load_state_dict
         returning JSON values (a data loader's position, a scheduler)."""
         self._state = Stateful(model=model, optimizer=optimizer, extras=extras)
-        prefix = self.config.restore_prefix
-        if not prefix:
+        # this run's node-local copies first, then the orchestrator's choice and older ones, each
+        # verified; a candidate that fails is skipped with its reason (see runtime/checkpointing.py)
+        restored = self._checkpointer.restore(self.config.restore_prefix, self._state)
+        if restored is None:
             return 0
-        started = time.perf_counter()
-        self.step = self._checkpointer.restore(prefix, self._state)
-        self.reporter.send("restored", step=self.step, prefix=prefix, seconds=time.perf_counter() - started)
+        self.step = restored.step
+        self.reporter.send(
+            "restored", step=restored.step, prefix=restored.prefix, tier=restored.tier, bytes=restored.bytes,
+            seconds=restored.seconds, fallbacks=list(restored.fallbacks),
+        )
+        if self.is_main:
+            self._metrics.update(
+                checkpoint_restore_s=restored.seconds,
+                checkpoint_restore_transfer_s=restored.transfer_s,
+                checkpoint_restore_verify_s=restored.verify_s,
+                checkpoint_restore_load_s=restored.load_s,
+                checkpoint_restore_MBps=restored.bytes / 1e6 / max(restored.seconds, 1e-9),
+                checkpoint_restore_fallbacks=len(restored.fallbacks),
+            )
         return self.step
 
     def steps(self, start: int = 0, samples_per_step: int | None = None) -> Iterator[int]:
@@ -107,15 +124,17 @@ class Run:
             yield step
             elapsed = time.perf_counter() - began
             self._report_step(step, elapsed, self._comm.take(), samples_per_step)
-            if step % self.config.every_steps == 0 or step == self.total_steps:
+            checkpoint_due = step % self.config.every_steps == 0 or step == self.total_steps
+            if checkpoint_due or self._control.due(step):
+                # before saving: a checkpoint must never capture diverged replicas
+                self._at_control_point(step, elapsed, verify=checkpoint_due)
+            if checkpoint_due and self._saved_step != step:
                 self.checkpoint()
                 self._saved_step = step
-            if self._control.due(step):
-                self._at_control_point(step, elapsed)
 
-    def _at_control_point(self, step: int, elapsed: float) -> None:
+    def _at_control_point(self, step: int, elapsed: float, verify: bool) -> None:
         model = self._state.model if self._state is not None else None
-        stop, hashes = self._control.agree(step, elapsed, model)
+        stop, hashes = self._control.agree(step, elapsed, model, verify)
         if hashes is not None and len(set(hashes)) > 1:
             if self.is_main:
                 self.reporter.send("diverged", step=step, hashes=[f"{h:015x}" for h in hashes])
@@ -123,6 +142,7 @@ class Run:
         if stop:
             if self._saved_step != step:
                 self.checkpoint()  # the emergency checkpoint: every rank saves this same step
+                self._saved_step = step
             requested = self._control.preempt_requested_at
             self.reporter.send("preempted", step=step, signalled=requested is not None, requested_at=requested)
             self._leave(exit_codes.PREEMPTED, f"preempted: checkpoint at step {step} committed")
@@ -146,20 +166,18 @@ class Run:
         """Save, publish and commit the registered state at the current step (collective)."""
         if self._state is None:
             raise RuntimeError("call run.restore(model=..., optimizer=...) before checkpointing")
-        result = self._checkpointer.save(self.step, self._state)
-        if result is not None:
-            self.reporter.send(
-                "checkpoint",
-                step=result.step,
-                prefix=result.prefix,
-                bytes=result.total_bytes,
-                stage_s=result.stage_s,
-                save_s=result.save_s,
-                upload_s=result.upload_s,
-            )
+        # On the every_steps schedule training only waits for the state to be staged; any other
+        # call (the last step, a preemption, an explicit call, a second call for the same step)
+        # returns once the checkpoint is committed to the checkpoint URI.
+        preempting = getattr(getattr(self, "_control", None), "preempt_requested_at", None) is not None
+        scheduled = self.step % self.config.every_steps == 0 and self.step < self.total_steps
+        self._checkpointer.save(self.step, self._state, commit=preempting or not scheduled)
+        if self.is_main:
+            self._metrics.update(self._checkpointer.take_metrics())
 
     def finish(self) -> None:
         """Report the final parameters' hash and leave the process group."""
+        self._checkpointer.close()  # the save in flight finishes first
         if self._state is not None and self.is_main:
             model_sd = self._checkpointer.model_state(self._state)
             self.reporter.send(
@@ -189,6 +207,8 @@ class Run:
         previous = sys.excepthook
 
         def report(kind, value, tb):
+            # torchrun's own error file (TORCHELASTIC_ERROR_FILE), so its failure report names the cause
+            ErrorHandler().record_exception(value)
             self.reporter.send(
                 "error",
                 type=kind.__name__,

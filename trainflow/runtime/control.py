@@ -44,10 +44,13 @@ class ControlPlane:
     def _divergence_step(self, step: int) -> bool:
         return bool(self.divergence_every) and step % self.divergence_every == 0
 
-    def agree(self, step: int, step_time_s: float, model: torch.nn.Module | None) -> tuple[bool, list[int] | None]:
-        """Collective at a due step: (someone must stop, every rank's parameter hash or None)."""
+    def agree(
+        self, step: int, step_time_s: float, model: torch.nn.Module | None, verify: bool = False
+    ) -> tuple[bool, list[int] | None]:
+        """Collective at a control point: (someone must stop, every rank's parameter hash or None).
+        Hashes are compared on divergence-check steps and, with `verify`, before a checkpoint."""
         self._tune_cadence(step, step_time_s)
-        check = self._divergence_step(step) and model is not None
+        check = bool(self.divergence_every) and (verify or self._divergence_step(step)) and model is not None
         mine = torch.tensor(
             [int(self.preempt_requested_at is not None), _param_hash(model) if check else 0], dtype=torch.int64
         )

@@ -1,0 +1,126 @@
+"""The watcher against a real status channel and a stand-in launcher: hangs (heartbeats without
+progress), lost nodes (silence), frozen workers, stragglers, and exits."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from trainflow.backends.base import AttemptHandle, NodeExit
+from trainflow.failures import Outcome
+from trainflow.runtime.reporter import StatusReporter
+from trainflow.status import StatusServer
+from trainflow.watcher import AttemptWatcher, WatchLimits
+
+
+class StandInLauncher:
+    """Nodes that keep running unless told otherwise; `probe` answers what the test says."""
+
+    def __init__(self, nodes: int, state: str = "running"):
+        self.exits = [NodeExit(n, None) for n in range(nodes)]
+        self.state = state
+        self.stacks_asked = False
+
+    def poll(self, handle):
+        return list(self.exits)
+
+    def probe(self, handle, node):
+        return self.state
+
+    def dump_stacks(self, handle, pids):
+        self.stacks_asked = True
+        return {rank: f"stack of {pid}" for rank, pid in pids.items()}
+
+
+@pytest.fixture
+def channel():
+    server = StatusServer()
+    server.begin_attempt(1)
+    yield server
+    server.close()
+
+
+def reporter(channel, rank: int, interval: float = 0.05) -> StatusReporter:
+    return StatusReporter(channel.address, channel.token, {"rank": rank, "node": rank, "attempt": 1, "pid": 100 + rank},
+                          heartbeat_interval_s=interval, orchestrator_timeout_s=30)
+
+
+def watcher(channel, launcher, **limits) -> AttemptWatcher:
+    handle = AttemptHandle(attempt=1, nodes=2, started_at=time.time(), logs={})
+    return AttemptWatcher(launcher, handle, channel, WatchLimits(**limits), world_size=2, resumed_from_step=0,
+                          on_metrics=lambda rows: None, on_event=lambda event: None)
+
+
+def test_heartbeats_without_progress_are_a_hang_with_stacks(channel):
+    ranks = [reporter(channel, r) for r in range(2)]
+    try:
+        for r in ranks:
+            r.send("progress", step=5, step_time_s=0.01, compute_s=0.01)
+        launcher = StandInLauncher(2)
+        started = time.monotonic()
+        result = watcher(channel, launcher, heartbeat_timeout_s=5, hang_timeout_s=1.0).run(poll_s=0.05)
+        assert result.outcome == Outcome.HUNG
+        assert 0.9 < time.monotonic() - started < 3.0  # the hang timeout, plus a poll or two
+        assert "no step progress" in result.reason
+        assert launcher.stacks_asked and result.evidence["stacks"] == {0: "stack of 100", 1: "stack of 101"}
+    finally:
+        for r in ranks:
+            r.close()
+
+
+def test_silence_without_exit_is_a_lost_node(channel):
+    alive, doomed = reporter(channel, 0), reporter(channel, 1)
+    try:
+        for r in (alive, doomed):
+            r.send("progress", step=3, step_time_s=0.01)
+        time.sleep(0.2)
+        doomed.close()  # node 1 goes quiet, its process "still running"
+        result = watcher(channel, StandInLauncher(2), heartbeat_timeout_s=0.6, hang_timeout_s=30).run(poll_s=0.05)
+        assert result.outcome == Outcome.NODE_LOST
+        assert result.evidence["node"] == 1 and result.detection_latency_s < 0.6 + 0.5
+    finally:
+        alive.close()
+
+
+def test_a_frozen_worker_on_a_live_node_is_a_hang(channel):
+    alive, frozen = reporter(channel, 0), reporter(channel, 1)
+    try:
+        for r in (alive, frozen):
+            r.send("progress", step=3, step_time_s=0.01)
+        time.sleep(0.2)
+        frozen.close()
+        result = watcher(channel, StandInLauncher(2, state="workers-stopped"), heartbeat_timeout_s=0.6,
+                         hang_timeout_s=30).run(poll_s=0.05)
+        assert result.outcome == Outcome.HUNG and "frozen" in result.reason
+    finally:
+        alive.close()
+
+
+def test_a_slow_rank_is_reported_as_a_straggler_and_training_goes_on(channel):
+    events = []
+    ranks = [reporter(channel, r) for r in range(2)]
+    launcher = StandInLauncher(2)
+    handle = AttemptHandle(attempt=1, nodes=2, started_at=time.time(), logs={})
+    watch = AttemptWatcher(launcher, handle, channel, WatchLimits(heartbeat_timeout_s=5, hang_timeout_s=30,
+                           straggler_factor=1.5, straggler_steps=3), 2, 0, lambda rows: None, events.append)
+    try:
+        for step in range(1, 41):
+            ranks[0].send("progress", step=step, step_time_s=0.03, compute_s=0.01)
+            ranks[1].send("progress", step=step, step_time_s=0.03, compute_s=0.03)
+        time.sleep(0.5)
+        for _ in range(5):
+            assert watch._check() is None  # not fatal
+        stragglers = [e for e in events if e["kind"] == "straggler"]
+        assert [(e["rank"], e["node"]) for e in stragglers] == [(1, 1)]
+        assert stragglers[0]["score"] == pytest.approx(3.0, rel=0.01)
+    finally:
+        for r in ranks:
+            r.close()
+
+
+def test_an_exit_ends_the_watch_at_once(channel):
+    launcher = StandInLauncher(2)
+    launcher.exits = [NodeExit(0, None), NodeExit(1, 3)]
+    result = watcher(channel, launcher, heartbeat_timeout_s=5, hang_timeout_s=30).run(poll_s=0.05)
+    assert result.outcome == Outcome.CRASHED and "code 3" in result.reason

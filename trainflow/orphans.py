@@ -1,0 +1,82 @@
+"""What a dead orchestrator left behind: scratch folders, network namespaces, a RUNNING MLflow run.
+
+Every lifecycle run writes `runs/<run id>/orchestrator.json` (its pid, its MLflow run, its network
+namespaces). A later run reaps any whose orchestrator is gone: its workers stop by themselves once
+the status channel is unreachable, and this clears the rest and records what happened.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import psutil
+
+from trainflow.backends.processes import job_processes, terminate
+from trainflow.home import runs_root
+
+MARKER = "orchestrator.json"
+
+
+def write_marker(scratch: Path, run_id: str, mlflow_run_id: str, tracking_uri: str, network: dict | None) -> None:
+    scratch.mkdir(parents=True, exist_ok=True)
+    proc = psutil.Process()
+    (scratch / MARKER).write_text(
+        json.dumps(
+            {
+                "run_id": run_id,
+                "pid": proc.pid,
+                "pid_started": proc.create_time(),
+                "mlflow_run_id": mlflow_run_id,
+                "tracking_uri": tracking_uri,
+                "network": network,
+            }
+        )
+    )
+
+
+def _orchestrator_alive(marker: dict) -> bool:
+    try:
+        return abs(psutil.Process(marker["pid"]).create_time() - marker["pid_started"]) < 1.0
+    except (psutil.Error, KeyError):
+        return False
+
+
+def reap_stale_runs(root: Path | None = None) -> list[dict]:
+    """Clean up after orchestrators that died without teardown; returns what was reaped."""
+    reaped = []
+    root = root or runs_root()
+    for marker_path in sorted(root.glob(f"*/{MARKER}")):
+        try:
+            marker = json.loads(marker_path.read_text())
+        except (OSError, ValueError):
+            continue
+        if _orchestrator_alive(marker):
+            continue
+        leftovers = job_processes(marker["run_id"])
+        if leftovers:
+            terminate(leftovers, grace_s=2.0)
+        if marker.get("network"):
+            from trainflow.backends.netns import NodeNetwork
+
+            NodeNetwork.from_record(marker["network"]).destroy()
+        _mark_failed(marker)
+        shutil.rmtree(marker_path.parent, ignore_errors=True)
+        reaped.append({"run_id": marker["run_id"], "processes": len(leftovers)})
+    return reaped
+
+
+def _mark_failed(marker: dict) -> None:
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    try:
+        client = MlflowClient(marker["tracking_uri"])
+        run = client.get_run(marker["mlflow_run_id"])
+        if run.info.status == "RUNNING":
+            client.set_tag(run.info.run_id, "status", "failed")
+            client.set_tag(run.info.run_id, "reason", "the orchestrator died before teardown; reaped by a later run")
+            client.set_terminated(run.info.run_id, status="FAILED")
+    except MlflowException:
+        pass
