@@ -8,6 +8,7 @@ from tasks import lifecycle_task
 from tasks.records import Provisioned, RunRecord
 from trainflow.environment import Environment, fingerprint_environment
 from trainflow.spec import RunSpec
+from trainflow.topology import describe_topology
 
 
 @lifecycle_task(name="prepare-image")
@@ -29,6 +30,7 @@ def prepare_image(spec: RunSpec, record: RunRecord, provisioned: Provisioned) ->
         },
     )
     provisioned.tracker.log_json(record.mlflow_run_id, environment.packages, "environment/packages.json")
+    provisioned.tracker.log_text(record.mlflow_run_id, describe_topology(), "environment/topology.txt")
     get_run_logger().info(
         "environment %s (commit %s%s)",
         environment.fingerprint[:12], environment.git_commit[:12], ", dirty" if environment.git_dirty else "",

@@ -46,6 +46,7 @@ class AttemptResult:
     first_step_at: float | None = None
     finished: dict | None = None
     step_time_total_s: float = 0.0
+    totals: dict = field(default_factory=dict)  # sums over the attempt's steps: step, comm, data, stalls
     evidence: dict = field(default_factory=dict)
 
     @property

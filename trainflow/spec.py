@@ -243,6 +243,11 @@ class Tracking(Section):
         default=None, title="MLflow tracking URI", description="Default: sqlite:///<TRAINFLOW_HOME>/mlflow.db."
     )
     experiment: str | None = Field(default=None, title="Experiment", description="Default: the spec's name.")
+    tags: dict[str, str] = Field(
+        default_factory=dict,
+        title="Tags",
+        description="Extra MLflow tags, e.g. owner and team, so device-hours can be attributed.",
+    )
 
 
 class LaunchApi(str, Enum):

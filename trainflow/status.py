@@ -167,5 +167,9 @@ class StatusServer:
                 current.diverged = message
         if kind == "progress" and "metrics" in message:
             self.metrics.put((message["step"], message["t"], message["metrics"]))
+        elif kind == "resources":  # named like MLflow's system metrics, one set per node
+            node = message.get("node")
+            figures = {f"system/node_{node}/{name}": value for name, value in message.get("figures", {}).items()}
+            self.metrics.put((current.max_step(), message["t"], figures))
         elif kind in ("checkpoint", "restored", "error", "finished", "started", "preempted", "diverged"):
             self.events.put(message)

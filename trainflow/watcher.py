@@ -70,6 +70,7 @@ class AttemptWatcher:
         self.stragglers: dict[int, dict] = {}
         self._straggling: dict[int, int] = {}
         self.step_time_total = 0.0
+        self.totals: dict[str, float] = {}
 
     def run(self, poll_s: float = 0.1) -> AttemptResult:
         try:
@@ -197,6 +198,7 @@ class AttemptWatcher:
             first_step_at=status.first_step_at,
             finished=status.finished,
             step_time_total_s=self.step_time_total,
+            totals=dict(self.totals),
             evidence=evidence,
         )
 
@@ -206,13 +208,21 @@ class AttemptWatcher:
                 step, t, metrics = self.channel.metrics.get_nowait()
             except queue.Empty:
                 break
-            self.step_time_total += metrics.get("step_time_s", 0.0)
+            for key in ("step_time_s", "comm_wait_s", "data_wait_s"):
+                if key in metrics:
+                    self.totals[key] = self.totals.get(key, 0.0) + metrics[key]
+            self.totals["steps"] = self.totals.get("steps", 0) + ("step_time_s" in metrics)
+            self.step_time_total = self.totals.get("step_time_s", 0.0)
             self._pending.extend((key, value, step, t) for key, value in metrics.items())
         while True:
             try:
-                self.on_event(self.channel.events.get_nowait())
+                event = self.channel.events.get_nowait()
             except queue.Empty:
                 break
+            if event["kind"] == "checkpoint":  # the time training stood still for it
+                stall = event.get("stall_s", event.get("stage_s", 0) + event.get("save_s", 0) + event.get("upload_s", 0))
+                self.totals["checkpoint_stall_s"] = self.totals.get("checkpoint_stall_s", 0.0) + stall
+            self.on_event(event)
         if time.monotonic() - self._flushed_at > METRICS_FLUSH_S:
             self._flush()
 

@@ -83,7 +83,8 @@ def main() -> None:
 
     start = run.restore(model=model, optimizer=optimizer, data=batches)
     for _ in run.steps(start, samples_per_step=args.global_batch):
-        x, y = batches.next()
+        with run.waiting_for_data():
+            x, y = batches.next()
         loss = F.cross_entropy(model(x.to(run.device)), y.to(run.device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -274,6 +274,10 @@ class LocalLauncher:
                 "OMP_NUM_THREADS": str(max(1, int(spec.resources.cpu // spec.resources.procs_per_node))),
             }
         )
+        # the communication library's own account of each attempt lands in the node logs
+        env.setdefault("TORCH_CPP_LOG_LEVEL", "INFO")
+        if spec.comm_backend() == "nccl":
+            env.setdefault("NCCL_DEBUG", "INFO")
         if allocation.details.get("network") is not None:
             env["GLOO_SOCKET_IFNAME"] = "eth0"
         if spec.resources.gpu:

@@ -26,6 +26,7 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -37,6 +38,7 @@ from trainflow.checkpoint.storage import open_storage
 from trainflow.runtime import exit_codes
 from trainflow.runtime.checkpointing import Checkpointer, Stateful
 from trainflow.runtime.control import CommTimer, ControlPlane
+from trainflow.runtime.resources import ResourceSampler
 from trainflow.runtime.reporter import StatusReporter
 from trainflow.runtime.state import params_sha256, seed_everything
 from trainflow.worker_config import WorkerConfig
@@ -81,6 +83,9 @@ class Run:
         self._metrics: dict[str, float] = {}
         self._last_loss: float | None = None
         self._saved_step: int | None = None
+        self._data_wait = 0.0
+        if self.local_rank == 0:  # one sampler per node
+            self._resources = ResourceSampler(lambda figures: self.reporter.send("resources", figures=figures))
         self.reporter.send("started", world_size=self.world_size)
 
     @property
@@ -152,6 +157,15 @@ class Run:
         self.reporter.close()
         raise SystemExit(code)
 
+    @contextmanager
+    def waiting_for_data(self) -> Iterator[None]:
+        """Wrap the fetch of the next batch: the time spent is reported as data_wait_s."""
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._data_wait += time.perf_counter() - began
+
     def log(self, **metrics: float) -> None:
         """Metrics of the current step; rank 0's are recorded by the orchestrator."""
         for name, value in metrics.items():
@@ -190,12 +204,13 @@ class Run:
     def _report_step(self, step: int, elapsed: float, comm_wait: float, samples_per_step: int | None) -> None:
         fields: dict[str, Any] = {"step": step, "step_time_s": elapsed, "compute_s": max(0.0, elapsed - comm_wait)}
         if self.is_main:
-            metrics = dict(self._metrics, step_time_s=elapsed, comm_wait_s=comm_wait)
+            metrics = dict(self._metrics, step_time_s=elapsed, comm_wait_s=comm_wait, data_wait_s=self._data_wait)
             if samples_per_step:
                 metrics["samples_per_s"] = samples_per_step / elapsed
             fields["metrics"] = metrics
         self.reporter.send("progress", **fields)
         self._metrics = {}
+        self._data_wait = 0.0
 
     def _pick_device(self) -> torch.device:
         if self.config.comm_backend == "nccl" and torch.cuda.is_available():
