@@ -6,7 +6,10 @@ STAMP := $(VENV)/.installed
 export TRAINFLOW_HOME ?= $(CURDIR)/.trainflow
 RUN_SPEC ?= examples/digits/spec.yaml
 
-.PHONY: venv run test unit integration lock clean
+PREFECT_API_URL ?= http://127.0.0.1:4200/api
+PREFECT := PREFECT_API_URL=$(PREFECT_API_URL) $(BIN)/prefect
+
+.PHONY: venv run test unit integration lock clean deploy bench
 
 venv: $(STAMP)
 
@@ -21,11 +24,21 @@ $(STAMP): requirements.lock pyproject.toml
 run: $(STAMP)
 	PREFECT_HOME=$${PREFECT_HOME:-$(TRAINFLOW_HOME)/prefect} $(BIN)/trainflow run $(RUN_SPEC)
 
+# prefect.yaml's deployments on the Prefect server at PREFECT_API_URL (start it first: `prefect server
+# start`); their runs execute in this checkout once a worker serves the pool (see README).
+deploy: $(STAMP)
+	$(PREFECT) work-pool inspect trainflow-local >/dev/null 2>&1 || $(PREFECT) work-pool create trainflow-local --type process
+	PWD=$(CURDIR) $(PREFECT) --no-prompt deploy --all
+
 test: $(STAMP)
 	$(BIN)/python -m pytest tests
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
+
+# Measured figures, side by side with bare torchrun and raw boto3: bench/results.json, BENCHMARKS.md.
+bench: $(STAMP)
+	$(BIN)/python bench/run_benchmarks.py
 
 lock:
 	rm -rf /tmp/trainflow-lock && $(PYTHON) -m venv /tmp/trainflow-lock

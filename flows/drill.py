@@ -57,7 +57,7 @@ def storage_proxy(plan: FaultPlan):
             os.environ["AWS_ENDPOINT_URL_S3"] = previous
 
 
-def run_lifecycle(spec: RunSpec, chaos: FaultPlan | None = None) -> dict:
+def run_lifecycle(spec: RunSpec, chaos: list[FaultPlan] | None = None) -> dict:
     state = training_lifecycle(spec, chaos=chaos, return_state=True)
     summary = state.result(raise_on_failure=False)
     if not isinstance(summary, dict):
@@ -82,7 +82,7 @@ def fault_drill(spec: RunSpec, fault: FaultPlan, fresh_baseline: bool = False, c
     else:
         logger.info("reusing baseline %s (params %s)", baseline["run_id"], baseline["params_sha256"][:12])
     with storage_proxy(fault) as plan:
-        summary = run_lifecycle(spec, chaos=plan)
+        summary = run_lifecycle(spec, chaos=[plan])
     released = bool(summary.get("teardown", {}).get("clean")) and not job_processes(summary["run_id"])
     yardstick = torchrun_restart_s() if compare_torchrun else None
     report = drill_report(fault, summary, baseline, yardstick, released)

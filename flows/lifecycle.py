@@ -34,10 +34,10 @@ from trainflow.spec import RunSpec, load_spec
 
 
 @flow(name="training-lifecycle", flow_run_name="{spec.name}")
-def training_lifecycle(spec: RunSpec, resume: bool = False, chaos: FaultPlan | None = None):
+def training_lifecycle(spec: RunSpec, resume: bool = False, chaos: list[FaultPlan] | None = None):
     """Train `spec` to its last step, recovering from failures; with `resume`, continue from the
-    newest verified checkpoint under the spec's checkpoint URI. `chaos` (drills only) injects one
-    fault into the first attempt."""
+    newest verified checkpoint under the spec's checkpoint URI. `chaos` (drills and benchmarks only)
+    injects faults from outside, each into the attempt it names."""
     spec = validate_spec(spec)
     record = start_tracking(spec, resume)
     start_report(spec, record)
@@ -48,20 +48,19 @@ def training_lifecycle(spec: RunSpec, resume: bool = False, chaos: FaultPlan | N
         environment = prepare_image(spec, record, provisioned)
         start_point = find_resume_point(spec) if resume else None
         restore_from = start_point
-        attempt_spec, results, snapshots, injection = spec, [], [], None
+        attempt_spec, results, snapshots, injections = spec, [], [], []
         for attempt in count(1):
             handle = launch_attempt(attempt_spec, provisioned, environment, attempt, restore_from)
             resumed_from_step = restore_from.step if restore_from else 0
-            if chaos is not None and attempt == 1:
-                injecting = inject_fault.submit(attempt_spec, chaos, provisioned, handle)
+            faults = [plan for plan in chaos or [] if plan.attempt == attempt]
+            injecting = [inject_fault.submit(attempt_spec, plan, provisioned, handle) for plan in faults]
             # watch in the background; meanwhile snapshot each commit it passes on, until it ends
             watching = watch_attempt.submit(attempt_spec, record, provisioned, handle, resumed_from_step)
             for commit in iter(provisioned.commits.get, None):
                 snapshots.append(snapshot_checkpoint(attempt_spec, record, provisioned, commit))
                 report_checkpoint(record, snapshots[-1])
             result = watching.result()
-            if chaos is not None and attempt == 1:
-                injection = injecting.result()
+            injections += [future.result() for future in injecting]
             release_attempt(attempt_spec, record, provisioned, handle, result)
             results.append(result)
             decision = classify_outcome(attempt_spec, results)
@@ -72,8 +71,8 @@ def training_lifecycle(spec: RunSpec, resume: bool = False, chaos: FaultPlan | N
             attempt_spec = recover_nodes(attempt_spec, provisioned, handle, result)
             restore_from = find_resume_point(attempt_spec, record.run_id) or start_point
         summary = finalize(attempt_spec, record, provisioned, results, decision, snapshots)
-        if injection is not None:
-            summary["fault"] = asdict(injection)
+        if chaos:
+            summary["faults"] = [asdict(injection) for injection in injections]
     finally:
         released = teardown(record, provisioned, finalized=summary is not None)
     summary["teardown"] = released

@@ -7,6 +7,7 @@ from prefect import get_run_logger
 from tasks import lifecycle_task
 from tasks.records import Provisioned, RunRecord
 from tasks.reporting import report_progress
+from trainflow import progress
 from trainflow.backends import AttemptHandle
 from trainflow.failures import AttemptResult
 from trainflow.spec import RunSpec
@@ -36,6 +37,9 @@ def watch_attempt(
             logger.warning("rank %s was preempted: emergency checkpoint at step %s", event["rank"], event["step"])
 
     def on_metrics(rows: list) -> None:
+        steps = [(step, value) for key, value, step, _ in rows if key == "loss"]
+        if steps:
+            progress.publish(steps[-1][0], spec.workload.steps, handle.attempt, steps[-1][1])
         provisioned.tracker.log_metrics(record.mlflow_run_id, rows)
         report_progress(record, handle.attempt, rows)  # the UI's progress artifact, rate-limited
 

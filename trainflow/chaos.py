@@ -38,6 +38,7 @@ class FaultPlan(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: FaultKind = Field(title="Fault", description="What to break.")
+    attempt: int = Field(default=1, ge=1, title="Attempt", description="Which attempt of the run to break.")
     at_step: int = Field(default=30, gt=0, title="At step", description="Inject once every rank has reached this step.")
     rank: int | None = Field(default=None, ge=0, title="Rank", description="Target rank (process faults).")
     node: int | None = Field(default=None, ge=0, title="Node", description="Target node (preempt, node-loss).")

@@ -77,7 +77,7 @@ def drill_report(plan: FaultPlan, summary: dict, baseline: dict, torchrun_restar
                  released: bool) -> dict:
     """The drill's figures, from the faulted run's summary and the baseline."""
     attempts = summary.get("attempts", [])
-    fault = summary.get("fault") or {}
+    fault = (summary.get("faults") or [{}])[0]
     injected_at = fault.get("injected_at")
     failed = attempts[0] if attempts and attempts[0]["outcome"] != "SUCCEEDED" else None
     retry = attempts[1] if len(attempts) > 1 else None

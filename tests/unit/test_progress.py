@@ -1,0 +1,22 @@
+"""The terminal progress line: what the watcher publishes is what the CLI draws."""
+
+from __future__ import annotations
+
+import time
+
+from trainflow import progress
+
+
+def test_published_progress_has_step_loss_attempt_and_an_eta():
+    progress.publish(10, 100, attempt=2, loss=0.5)
+    time.sleep(0.05)
+    progress.publish(20, 100, attempt=2, loss=None)
+    now = progress.current()
+    assert (now.step, now.total, now.attempt, now.loss) == (20, 100, 2, 0.5)  # the last known loss stays
+    eta = now.eta_s()
+    assert eta is not None and 0 < eta < 10  # 80 steps left at the rate of the last 10
+
+
+def test_a_new_attempt_restarts_the_rate():
+    progress.publish(50, 100, attempt=3, loss=1.0)
+    assert progress.current().eta_s() is None  # no steps done yet in this attempt

@@ -1,0 +1,58 @@
+"""A live progress line for the terminal: the watcher publishes, the CLI draws (when stderr is a
+terminal). In-process only; the Prefect UI has its own progress artifact."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class Progress:
+    step: int = 0
+    total: int = 0
+    attempt: int = 1
+    loss: float | None = None
+    started_at: float = 0.0
+    first_step: int = 0
+
+    def eta_s(self) -> float | None:
+        done = self.step - self.first_step
+        if done <= 0 or not self.total:
+            return None
+        return (time.time() - self.started_at) / done * (self.total - self.step)
+
+
+_lock = threading.Lock()
+_current = Progress()
+
+
+def publish(step: int, total: int, attempt: int, loss: float | None) -> None:
+    with _lock:
+        if attempt != _current.attempt or not _current.started_at:
+            _current.attempt, _current.started_at, _current.first_step = attempt, time.time(), step
+        _current.step, _current.total = step, total
+        if loss is not None:
+            _current.loss = loss
+
+
+def current() -> Progress:
+    with _lock:
+        return Progress(**vars(_current))
+
+
+def draw_while(running: threading.Event) -> None:
+    """Redraw a rich progress bar on stderr until `running` is cleared."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeRemainingColumn
+
+    with Bar(TextColumn("attempt {task.fields[attempt]}"), BarColumn(), TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
+             TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(), console=Console(stderr=True),
+             transient=True) as bar:
+        task = bar.add_task("train", total=1, attempt=1, loss="-")
+        while running.is_set():
+            now = current()
+            loss = f"{now.loss:.4f}" if now.loss is not None else "-"
+            bar.update(task, completed=now.step, total=max(now.total, 1), attempt=now.attempt, loss=loss)
+            time.sleep(0.25)
