@@ -9,7 +9,9 @@ from tasks.records import CheckpointRecord, Provisioned, RunRecord
 from trainflow.checkpoint.catalog import list_committed, missing_or_resized
 from trainflow.checkpoint.storage import open_storage
 from trainflow.failures import AttemptResult, Decision
+from trainflow.diagnosis import cost_figures, diagnose
 from trainflow.home import resolve_checkpoint_uri
+from trainflow.plots import log_run_plots
 from trainflow.spec import RunSpec
 from trainflow.summary import attempt_rows, goodput, run_status
 
@@ -67,6 +69,22 @@ def finalize(
         figures["final_loss"] = summary["final_loss"]
     tracker.log_metrics(run, [(k, v, summary["final_step"], last.ended_at) for k, v in figures.items() if v is not None])
     tracker.log_json(run, checkpoints, "checkpoints/index.json")
+    costs = cost_figures(results, spec.world_size, sum(row["lost_steps"] for row in summary["attempts"]))
+    summary["costs"] = costs
+    summary["diagnosis"] = diagnose(costs, summary["stragglers"])
+    tracker.log_metrics(run, [(k, v, summary["final_step"], last.ended_at) for k, v in costs.items()])
+    tracker.log_metrics(run, [
+        (f"attempt_{row['attempt']}_{key}", row[key], row["attempt"], row["ended_at"])
+        for row in summary["attempts"] for key in ("detection_latency_s", "recovery_s", "lost_steps")
+        if row[key] is not None
+    ])
+    tracker.log_text(run, "\n".join(f"- {finding}" for finding in summary["diagnosis"]) or "- nothing to report",
+                     "diagnosis.md")
+    try:
+        summary["plots"] = log_run_plots(tracker, run, summary)  # plots/timeline.png, plots/goodput.png
+    except Exception as exc:  # noqa: BLE001 - pictures are for people, never worth a failed run
+        get_run_logger().warning("run pictures not rendered: %s: %s", type(exc).__name__, exc)
+        summary["plots"] = []
     tracker.log_json(run, summary, "summary.json")
     tracker.end_run(run, "FINISHED" if status == "succeeded" else "FAILED")
     get_run_logger().info("run %s %s at step %d: %s", record.run_id, status, summary["final_step"], decision.reason)

@@ -23,6 +23,7 @@ from trainflow.automation import (
     ATTEMPT_FAILED, ATTEMPT_RECOVERED, CHECKPOINT_COMMITTED, RESOURCE_PREFIX, RUN_FAILED, RUN_SUCCEEDED,
 )
 from trainflow.failures import AttemptResult, Decision, Outcome
+from trainflow.plots import plots_markdown
 from trainflow.spec import RunSpec
 
 PROGRESS_EVERY_S = 2.0  # the watch loop flushes metrics every second; the UI needs less
@@ -160,8 +161,10 @@ def report_run(spec: RunSpec, record: RunRecord, summary: dict) -> None:
             100.0 if succeeded else min(100.0, 100.0 * summary["final_step"] / spec.workload.steps),
             description=f"{summary['status']}: " + _describe(report, attempt, summary["final_step"]),
         )
+    mlflow = mlflow_link(record)
+    pictures = plots_markdown(record.tracking_uri, record.mlflow_run_id, summary.get("plots") or [], mlflow["url"])
     create_markdown_artifact(
-        summary_markdown(summary, mlflow_link(record)),
+        summary_markdown(summary, mlflow) + pictures,
         key=f"{spec.name}-summary",
         description=f"{record.run_id}: {summary['status']} at step {summary['final_step']} of {spec.workload.steps}",
     )
@@ -217,12 +220,11 @@ def summary_markdown(summary: dict, mlflow: dict[str, str]) -> str:
     """The run at a glance: outcome, attempts with their timings and lost steps, goodput, checkpoints,
     and where MLflow keeps the rest."""
     lines = [
-        f"# {summary['run_id']}: {summary['status']} at step {summary['final_step']} of {summary['total_steps']}",
+        f"# {summary['run_id']}",
         "",
-        f"{_cell(summary['reason'])}",
-        "",
-        "| | |",
+        f"| Status | {summary['status']} at step {summary['final_step']} of {summary['total_steps']} |",
         "|---|---|",
+        f"| Reason | {_cell(summary['reason'])} |",
         f"| Goodput | {_cell(summary['goodput'])} |",
         f"| Final loss | {_cell(summary.get('final_loss'), 4)} |",
         f"| Parameters sha256 | `{summary.get('params_sha256') or '–'}` |",

@@ -33,7 +33,7 @@ def cost_figures(results: list[AttemptResult], world_size: int, lost_steps: int)
         "wasted_device_hours": round(world_size * wasted_s / 3600, 6),
         "recovery_s_total": round(recovery, 3),
         "lost_work_s": round(lost_steps * mean_step, 3),
-        "checkpoint_stall_s": round(stall, 3),
+        "checkpoint_stall_total_s": round(stall, 3),
         "mean_step_time_s": round(mean_step, 6),
         "comm_share": round(comm / step_time, 4) if step_time else 0.0,
         "data_share": round(data / step_time, 4) if step_time else 0.0,

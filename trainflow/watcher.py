@@ -193,8 +193,9 @@ class AttemptWatcher:
             ended_at=time.time(),
             detected_at=detected_at,
             failed_at=failed_at,
-            last_step=status.min_step() if status.ranks else self.resumed_from_step,
-            resumed_from_step=self.resumed_from_step,
+            last_step=status.min_step() if status.ranks else (status.restored_step or self.resumed_from_step),
+            # what the workers actually loaded (a newer node-local copy may beat the durable one)
+            resumed_from_step=status.restored_step if status.restored_step is not None else self.resumed_from_step,
             first_step_at=status.first_step_at,
             finished=status.finished,
             step_time_total_s=self.step_time_total,

@@ -1,0 +1,106 @@
+"""The analysis notebook and the run pictures on real runs: a fault drill records a fault-free
+baseline and a run whose worker crashes once, in one MLflow store; finalize logs each run's
+pictures, the Prefect summary shows them, and the notebook, executed with a real kernel, lists and
+draws both runs."""
+
+from __future__ import annotations
+
+import json
+import struct
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+from mlflow.tracking import MlflowClient
+from nbclient import NotebookClient
+
+from tests.conftest import ROOT
+from tests.integration.conftest import run_cli, summary_of
+
+pytestmark = pytest.mark.integration
+
+NOTEBOOK = ROOT / "notebooks" / "analyze_runs.ipynb"
+DRILL = ["drill", "examples/digits/spec.yaml", "--fault", "crash", "--at-step", "15",
+         "--set", "workload.steps=30", "--set", "checkpoint.every_steps=5", "--json"]
+PICTURES = {"plots/timeline.png", "plots/goodput.png"}
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def drilled(tmp_path_factory, prefect_api) -> dict:
+    """A baseline run and a run with one injected worker crash, recorded in one home's MLflow store."""
+    import os
+
+    home = tmp_path_factory.mktemp("notebook-home")
+    env = {**os.environ, "TRAINFLOW_HOME": str(home), "PREFECT_API_URL": prefect_api}
+    result = run_cli(DRILL, env, timeout_s=300)
+    # 0: the drill passed, 1: it found a problem; either way both runs are recorded and finalized
+    assert result.returncode in (0, 1), result.stderr[-4000:]
+    report = summary_of(result)
+    assert report["injected"], report
+    return {"report": report, "tracking_uri": f"sqlite:///{home / 'mlflow.db'}", "api": prefect_api}
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == PNG_SIGNATURE
+    return struct.unpack(">II", data[16:24])
+
+
+def test_each_finished_run_has_its_pictures_in_mlflow(drilled, tmp_path):
+    client = MlflowClient(drilled["tracking_uri"])
+    report = drilled["report"]
+    for run_id in (report["baseline_mlflow_run_id"], report["mlflow_run_id"]):
+        assert {a.path for a in client.list_artifacts(run_id, "plots")} >= PICTURES
+        for path in sorted(PICTURES):
+            data = Path(client.download_artifacts(run_id, path, str(tmp_path))).read_bytes()
+            assert png_size(data) == (1200, 500) and len(data) > 10_000
+        summary = json.loads(Path(client.download_artifacts(run_id, "summary.json", str(tmp_path))).read_text())
+        assert set(summary["plots"]) == PICTURES
+
+
+def test_prefect_summary_artifact_shows_the_pictures(drilled):
+    request = urllib.request.Request(
+        f"{drilled['api']}/artifacts/filter",
+        data=json.dumps({"artifacts": {"flow_run_id": {"any_": [drilled["report"]["prefect_flow_run_id"]]},
+                                       "type": {"any_": ["markdown"]}}}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request) as response:
+        [artifact] = json.loads(response.read())
+    markdown = artifact["data"]
+    assert markdown.count("](data:image/png;base64,iVBORw0KGgo") == 2  # both pictures inline, as PNG
+    assert "plots/timeline.png" in markdown and "plots/goodput.png" in markdown
+
+
+def test_committed_notebook_has_no_outputs():
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    nbformat.validate(notebook)
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert code and all(not cell.outputs and cell.execution_count is None for cell in code)
+    assert "parameters" in code[0].metadata.get("tags", [])
+
+
+def test_notebook_lists_compares_and_draws_the_runs(drilled, monkeypatch):
+    report = drilled["report"]
+    monkeypatch.setenv("TRAINFLOW_TRACKING_URI", drilled["tracking_uri"])
+    monkeypatch.setenv("TRAINFLOW_EXPERIMENT", "digits")
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    # python3 is the venv's kernel: ipykernel is installed there and jupyter_client starts this interpreter
+    NotebookClient(notebook, timeout=180, kernel_name="python3",
+                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()  # raises on a failed cell
+
+    outputs = [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    kinds = ("text/plain", "text/html", "text/markdown")
+    text = "\n".join(o.get("text", "") + "".join(o.get("data", {}).get(kind, "") for kind in kinds) for o in outputs)
+    assert report["mlflow_run_id"] in text and report["baseline_mlflow_run_id"] in text
+    # every attempt of both runs is in the attempts table, with its outcome
+    client = MlflowClient(drilled["tracking_uri"])
+    for run_id in (report["mlflow_run_id"], report["baseline_mlflow_run_id"]):
+        run = client.get_run(run_id)
+        assert run.data.tags["trainflow.run_id"] in text
+    assert all(outcome in text for outcome in report["outcomes"])
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    # attempts chart, loss per attempt, both runs' timeline and goodput, checkpoint timings
+    assert len(images) >= 7, len(images)
