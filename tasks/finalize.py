@@ -73,11 +73,13 @@ def finalize(
     summary["costs"] = costs
     summary["diagnosis"] = diagnose(costs, summary["stragglers"])
     tracker.log_metrics(run, [(k, v, summary["final_step"], last.ended_at) for k, v in costs.items()])
-    tracker.log_metrics(run, [
-        (f"attempt_{row['attempt']}_{key}", row[key], row["attempt"], row["ended_at"])
-        for row in summary["attempts"] for key in ("detection_latency_s", "recovery_s", "lost_steps")
-        if row[key] is not None
-    ])
+    # what an attempt cost is known once the next one has started: record it on each nested run
+    children = tracker.child_runs(run)
+    for row in summary["attempts"]:
+        figures = [(key, row[key], row["attempt"], row["ended_at"]) for key in ("recovery_s", "lost_steps")
+                   if row[key] is not None]
+        if str(row["attempt"]) in children and figures:
+            tracker.log_metrics(children[str(row["attempt"])], figures)
     tracker.log_text(run, "\n".join(f"- {finding}" for finding in summary["diagnosis"]) or "- nothing to report",
                      "diagnosis.md")
     try:

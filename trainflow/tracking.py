@@ -109,6 +109,15 @@ class Tracker:
         with self._lock:
             self.client.log_artifact(run_id, str(local), folder)
 
+    def child_runs(self, parent_run_id: str) -> dict[str, str]:
+        """Nested runs of a run, by their `attempt` tag."""
+        with self._lock:
+            parent = self.client.get_run(parent_run_id)
+            children = self.client.search_runs(
+                [parent.info.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'"
+            )
+        return {run.data.tags.get("attempt", ""): run.info.run_id for run in children}
+
     def end_run(self, run_id: str, status: str) -> None:
         with self._lock:
             self.client.set_terminated(run_id, status=status)

@@ -59,6 +59,10 @@ def test_crash_is_retried_from_the_last_committed_checkpoint(cli_env):
         filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'",
     )
     assert sorted(c.data.tags["outcome"] for c in children) == ["CRASHED", "CRASHED"]
+    first = next(c for c in children if c.data.tags["attempt"] == "1")
+    assert first.data.params["resumed_from_step"] == "0"
+    assert first.data.metrics["lost_steps"] == attempts[0]["lost_steps"]
+    assert "detection_latency_s" in first.data.metrics or attempts[0]["detection_latency_s"] is None
 
 
 @pytest.mark.parametrize(
