@@ -125,13 +125,13 @@ def three_faults(env: dict) -> dict:
     """One run, three faults in three attempts: crash, preemption, SIGKILL."""
     script = """
 import json, os, sys
-from flows.lifecycle import training_lifecycle
+from flows.lifecycle import faulted_lifecycle
 from trainflow.chaos import FaultPlan
 from trainflow.spec import load_spec
 spec = load_spec("examples/digits/spec.yaml", ["workload.steps=240", "checkpoint.every_steps=20"])
 plans = [FaultPlan(kind="crash", at_step=50, attempt=1), FaultPlan(kind="preempt", at_step=110, attempt=2),
          FaultPlan(kind="kill", at_step=170, attempt=3)]
-summary = training_lifecycle(spec, chaos=plans, return_state=True).result(raise_on_failure=False)
+summary = faulted_lifecycle(spec, plans, return_state=True).result(raise_on_failure=False)
 print(json.dumps({k: summary[k] for k in ("status", "goodput", "attempts", "costs", "final_step")}, default=str))
 """
     result = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True,

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.lifecycle import training_lifecycle
+from flows.lifecycle import faulted_lifecycle, training_lifecycle
 from trainflow.backends.processes import job_processes
 from trainflow.bench.torchrun_restart import measure_torchrun_restart
 from trainflow.chaos import FaultKind, FaultPlan, StorageProxy
@@ -58,7 +58,10 @@ def storage_proxy(plan: FaultPlan):
 
 
 def run_lifecycle(spec: RunSpec, chaos: list[FaultPlan] | None = None) -> dict:
-    state = training_lifecycle(spec, chaos=chaos, return_state=True)
+    if chaos:
+        state = faulted_lifecycle(spec, chaos, return_state=True)
+    else:
+        state = training_lifecycle(spec, return_state=True)
     summary = state.result(raise_on_failure=False)
     if not isinstance(summary, dict):
         raise RuntimeError(f"the lifecycle crashed: {state.message}")

@@ -34,10 +34,20 @@ from trainflow.spec import RunSpec, load_spec
 
 
 @flow(name="training-lifecycle", flow_run_name="{spec.name}")
-def training_lifecycle(spec: RunSpec, resume: bool = False, chaos: list[FaultPlan] | None = None):
+def training_lifecycle(spec: RunSpec, resume: bool = False):
     """Train `spec` to its last step, recovering from failures; with `resume`, continue from the
-    newest verified checkpoint under the spec's checkpoint URI. `chaos` (drills and benchmarks only)
-    injects faults from outside, each into the attempt it names."""
+    newest verified checkpoint under the spec's checkpoint URI."""
+    return lifecycle(spec, resume)
+
+
+@flow(name="faulted-lifecycle", flow_run_name="{spec.name}-with-faults")
+def faulted_lifecycle(spec: RunSpec, chaos: list[FaultPlan]):
+    """The same lifecycle with faults injected from outside, each into the attempt it names
+    (drills and benchmarks; kept out of the manual-run form)."""
+    return lifecycle(spec, resume=False, chaos=chaos)
+
+
+def lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None = None):
     spec = validate_spec(spec)
     record = start_tracking(spec, resume)
     start_report(spec, record)

@@ -9,6 +9,7 @@ from prefect.runtime import flow_run
 
 from tasks import lifecycle_task
 from tasks.records import RunRecord
+from trainflow.rerun import DRIFT_ARTIFACT, code_snapshot, current_lineage
 from trainflow.spec import RunSpec
 from trainflow.tracking import Tracker, spec_params, tracking_uri_for
 
@@ -25,18 +26,24 @@ def start_tracking(spec: RunSpec, resume: bool) -> RunRecord:
     run_id = new_run_id(spec)
     experiment = spec.tracking.experiment or spec.name
     flow_run_id = str(flow_run.id or "")
+    lineage = current_lineage()  # set when this run reruns an earlier one
     mlflow_run_id = tracker.start_run(
         experiment,
         run_name=run_id,
         tags={
+            **spec.tracking.tags,  # owner, team: who the device-hours belong to
             "trainflow.run_id": run_id,
             "spec_hash": spec.spec_hash(),
             "prefect_flow_run_id": flow_run_id,
             "resume": str(resume).lower(),
+            **code_snapshot(spec),  # what a rerun compares besides the environment fingerprint
+            **(lineage.tags() if lineage else {}),
         },
     )
     tracker.log_params(mlflow_run_id, spec_params(spec))
     tracker.log_text(mlflow_run_id, spec.to_yaml(), "spec/resolved_spec.yaml")
+    if lineage and lineage.drift:
+        tracker.log_json(mlflow_run_id, list(lineage.drift), DRIFT_ARTIFACT)
     return RunRecord(
         run_id=run_id,
         mlflow_run_id=mlflow_run_id,

@@ -9,6 +9,8 @@ import json
 import os
 import signal
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -64,15 +66,203 @@ def run(
     from flows.lifecycle import training_lifecycle
 
     _stop_on_sigterm()
-    state = training_lifecycle(spec, resume=resume, return_state=True)
+    with live_progress():
+        state = training_lifecycle(spec, resume=resume, return_state=True)
+    finish(state, as_json)
+
+
+@contextmanager
+def live_progress():
+    """A progress bar (step, loss, attempt, ETA) on stderr when it is a terminal."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    from trainflow.progress import draw_while
+
+    running = threading.Event()
+    running.set()
+    drawer = threading.Thread(target=draw_while, args=(running,), daemon=True)
+    drawer.start()
+    try:
+        yield
+    finally:
+        running.clear()
+        drawer.join(2)
+
+
+def finish(state, as_json: bool) -> None:
+    """Print the summary a lifecycle state carries and exit with its code."""
     summary = state.result(raise_on_failure=False)
     if not isinstance(summary, dict):
         typer.echo(f"trainflow: the lifecycle crashed: {state.message}", err=True)
         raise typer.Exit(EXIT_FAILED)
+    if summary["status"] == "refused":  # a rerun whose code or environment drifted: nothing ran
+        fail_input(summary["reason"])
     print_summary(summary)
     if as_json:
         typer.echo(json.dumps(summary, default=str))
     raise typer.Exit(0 if summary["status"] == "succeeded" else EXIT_FAILED)
+
+
+@app.command()
+def rerun(
+    mlflow_run_id: Annotated[str, typer.Argument(metavar="MLFLOW_RUN_ID", help="The run to repeat.")],
+    allow_drift: Annotated[
+        bool, typer.Option("--allow-drift", help="Run even if code or environment differ; record the drift.")
+    ] = False,
+    tracking_uri: Annotated[
+        Optional[str], typer.Option("--tracking-uri", help="Where the run is recorded (default: TRAINFLOW_HOME's).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="End with one JSON line: the run summary.")] = False,
+) -> None:
+    """Repeat a recorded run with its recorded spec and seed; refuse (exit 2) if code or environment drifted."""
+    from trainflow.environment import EnvironmentMismatch
+    from trainflow.home import default_tracking_uri
+    from trainflow.preflight import preflight
+    from trainflow.rerun import RerunError, check_rerun, load_recorded_run, refusal
+
+    tracking_uri = tracking_uri or default_tracking_uri()
+    try:
+        recorded = load_recorded_run(mlflow_run_id, tracking_uri)
+        drift = check_rerun(recorded)
+        preflight(recorded.spec)
+    except (RerunError, SpecError, EnvironmentMismatch) as exc:
+        fail_input(str(exc))
+    if drift and not allow_drift:
+        fail_input(refusal(recorded, drift))
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from flows.rerun import rerun_training
+
+    _stop_on_sigterm()
+    with live_progress():
+        state = rerun_training(mlflow_run_id, allow_drift=allow_drift, tracking_uri=tracking_uri, return_state=True)
+    finish(state, as_json)
+
+
+automation_app = typer.Typer(no_args_is_help=True, help="Prefect automations for trainflow's events.")
+app.add_typer(automation_app, name="automation")
+
+
+@automation_app.command("install")
+def automation_install(
+    webhook_url: Annotated[
+        Optional[str], typer.Option("--webhook-url", help="POST each failure as JSON {subject, text} to this URL.")
+    ] = None,
+    block: Annotated[
+        Optional[str], typer.Option("--block", help="A notification block you configured, as TYPE/NAME (e.g. slack-webhook/ml-team).")
+    ] = None,
+    name: Annotated[str, typer.Option("--name", help="Name of the automation (replaced if it exists).")] = "trainflow-failures",
+    as_json: Annotated[bool, typer.Option("--json", help="End with one JSON line: what was installed.")] = False,
+) -> None:
+    """Notify on every failed attempt and failed run, through a webhook or a notification block."""
+    from trainflow.automation import AutomationError, install
+
+    try:
+        installed = install(name=name, webhook_url=webhook_url, block=block)
+    except AutomationError as exc:
+        fail_input(str(exc))
+    typer.echo(f"automation {installed['name']} ({installed['automation_id']}) notifies through {installed['block']} "
+               f"on {', '.join(installed['events'])}")
+    if as_json:
+        typer.echo(json.dumps(installed))
+
+
+@app.command()
+def render(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="Run spec (YAML) with resources.backend: kubernetes.")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="Directory to write the manifests to.")],
+    overrides: Annotated[
+        Optional[list[str]], typer.Option("--set", help="Override a spec field: key.path=value (repeatable).")
+    ] = None,
+    run_id: Annotated[Optional[str], typer.Option("--run-id", help="Run id to name the objects by.")] = None,
+    attempt: Annotated[int, typer.Option("--attempt", min=1, help="Attempt number.")] = 1,
+) -> None:
+    """Write the Kubernetes manifests an attempt would create, for review or GitOps (no cluster needed)."""
+    try:
+        spec = load_spec(spec_path, overrides or [])
+    except SpecError as exc:
+        fail_input(str(exc))
+    if spec.resources.backend.value != "kubernetes":
+        fail_input(
+            f"{spec_path}: resources.backend is {spec.resources.backend.value}; render writes Kubernetes manifests "
+            "(add --set resources.backend=kubernetes)"
+        )
+    from trainflow.backends.kubernetes.image import ImageError
+    from trainflow.backends.kubernetes.render import render_attempt
+
+    try:
+        written = render_attempt(spec, out, run_id=run_id, attempt=attempt)
+    except ImageError as exc:
+        fail_input(str(exc))
+    for path in written:
+        typer.echo(str(path))
+
+
+@app.command()
+def drill(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="Run spec (YAML).")],
+    fault: Annotated[str, typer.Option("--fault", help="crash, kill, hang, straggler, preempt, node-loss, "
+                                       "storage-outage or corrupt-checkpoint.")],
+    at_step: Annotated[int, typer.Option("--at-step", help="Inject once every rank reached this step.")] = 30,
+    rank: Annotated[Optional[int], typer.Option("--rank", help="Target rank (process faults).")] = None,
+    node: Annotated[Optional[int], typer.Option("--node", help="Target node (preempt, node-loss).")] = None,
+    duration_s: Annotated[float, typer.Option("--duration", help="Straggler or outage length (s).")] = 8.0,
+    permanent: Annotated[bool, typer.Option("--permanent", help="node-loss: the node never comes back.")] = False,
+    overrides: Annotated[Optional[list[str]], typer.Option("--set", help="Override a spec field.")] = None,
+    fresh_baseline: Annotated[bool, typer.Option("--fresh-baseline", help="Do not reuse a baseline.")] = False,
+    compare_torchrun: Annotated[
+        bool, typer.Option("--compare-torchrun/--no-compare-torchrun", help="Also time torchrun's own restart.")
+    ] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="End with one JSON line: the drill report.")] = False,
+) -> None:
+    """Inject one fault from outside into a run and report detection, recovery and exactness."""
+    from pydantic import ValidationError
+
+    from trainflow.chaos import FaultPlan
+    from trainflow.drill import check_plan, drill_spec
+    from trainflow.preflight import preflight
+
+    if rank is not None and node is not None:
+        fail_input("--rank and --node: give one target, not both")
+    try:
+        plan = FaultPlan(kind=fault, at_step=at_step, rank=rank, node=node, duration_s=duration_s, permanent=permanent)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        fail_input(f"--{'fault' if first['loc'][0] == 'kind' else first['loc'][0]}: {first['msg']}")
+    try:
+        spec = load_spec(spec_path, overrides or [])
+        check_plan(spec, plan)
+        preflight(drill_spec(spec, plan))
+    except SpecError as exc:
+        fail_input(str(exc))
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from flows.drill import fault_drill
+
+    _stop_on_sigterm()
+    state = fault_drill(spec, plan, fresh_baseline=fresh_baseline, compare_torchrun=compare_torchrun,
+                        return_state=True)
+    report = state.result(raise_on_failure=False)
+    if not isinstance(report, dict):
+        typer.echo(f"trainflow: the drill crashed: {state.message}", err=True)
+        raise typer.Exit(EXIT_FAILED)
+    print_drill(report)
+    if as_json:
+        typer.echo(json.dumps(report, default=str))
+    raise typer.Exit(0 if report["passed"] else EXIT_FAILED)
+
+
+def print_drill(report: dict) -> None:
+    echo = typer.echo
+    echo()
+    echo(f"drill {report['fault']}: {'PASSED' if report['passed'] else 'FAILED'} ({report['target']})")
+    echo(f"  detected as {report['detected_kind']} after {report['detection_latency_s']} s; "
+         f"recovered in {report['recovery_s']} s (torchrun alone: {report['torchrun_restart_s']} s)")
+    echo(f"  attempts {report['outcomes']}, resumed from step {report['resumed_from_step']}, "
+         f"lost {report['lost_steps']} step(s), goodput {report['goodput']}")
+    echo(f"  params match the baseline: {report['params_match_baseline']}; "
+         f"resources released: {report['resources_released']}")
 
 
 def print_summary(summary: dict) -> None:
@@ -92,6 +282,30 @@ def print_summary(summary: dict) -> None:
     echo(f"  teardown: {'clean' if summary['teardown']['clean'] else 'SURVIVORS ' + str(summary['teardown']['survivors'])}")
     echo(f"  MLflow: mlflow ui --backend-store-uri {summary['tracking_uri']}  (run {summary['mlflow_run_id']})")
     echo(f"  Prefect: flow run {summary['prefect_flow_run_id']}")
+
+
+bench_app = typer.Typer(no_args_is_help=True, help="Measure trainflow's parts on this machine.")
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("checkpoint")
+def bench_checkpoint(
+    size_mb: Annotated[int, typer.Option("--size-mb", help="Checkpoint size (parameters + momentum), MiB.")] = 64,
+    uri: Annotated[
+        Optional[str], typer.Option("--uri", help="s3://bucket/prefix to use (default: start an own moto_server).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="End with one JSON line: the figures.")] = False,
+) -> None:
+    """Stall of sync vs async saves, local/S3 throughput vs plain boto3, verify time, step overhead."""
+    from trainflow.bench.checkpoint import BenchError, Options, render, run_benchmark
+
+    try:
+        figures = run_benchmark(Options(size_mb=size_mb, uri=uri), log=lambda text: typer.echo(text, err=True))
+    except BenchError as exc:
+        fail_input(str(exc))
+    typer.echo(render(figures))
+    if as_json:
+        typer.echo(json.dumps(figures))
 
 
 def main() -> None:

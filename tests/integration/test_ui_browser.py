@@ -1,0 +1,102 @@
+"""A person in the Prefect UI: headless Chromium opens the train deployment, fills the Custom run
+form with a changed field, submits it, and a real worker runs the job with that value.
+
+Screenshots of the filled form and the finished run are kept under tests/artifacts/.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import ROOT
+from tests.integration.deployments import (
+    api_json, deploy_all, deployment, process_worker, wait_for_flow_run,
+)
+from tests.integration.webdriver import Browser, ensure_chromium
+
+pytestmark = pytest.mark.integration
+
+ARTIFACTS = ROOT / "tests" / "artifacts"
+STEPS = 24  # the reference job's form says 200
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    log = tmp_path_factory.mktemp("chromium") / "chromium.log"
+    missing = ensure_chromium(log)
+    if missing:
+        pytest.skip(missing)
+    browser = Browser(log)
+    yield browser
+    browser.close()
+
+
+@pytest.fixture(scope="module")
+def served(prefect_api, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ui")
+    deploy_all(prefect_api)
+    with process_worker(prefect_api, folder / "home", folder / "worker.log") as worker:
+        yield {"api": prefect_api, "home": folder / "home", "log": folder / "worker.log", "worker": worker}
+
+
+def test_custom_run_from_the_ui_trains_with_the_changed_field(browser, served):
+    api = served["api"]
+    ui = api.removesuffix("/api")
+    train = deployment(api, "train")
+    started = time.time()
+
+    browser.open(f"{ui}/deployments")
+    browser.click(browser.wait_for("a", text="train"))
+    browser.click(browser.wait_for("button", text="Run"))
+    browser.click(browser.wait_for("button", text="Custom run"))
+    steps = browser.labelled_input("Steps")
+    assert browser.attribute(steps, "value") == "200"
+    # the spec's sections, each with its fields and their descriptions
+    labels = browser.script(
+        "return [...document.querySelectorAll('.schema-form-property__label')].map(s => s.textContent.trim())"
+    )
+    for section in ["Workload", "Resources (Optional)", "Parallel (Optional)", "Checkpoint (Optional)",
+                    "Fault Tolerance (Optional)", "Tracking (Optional)"]:
+        assert section in labels, labels
+    browser.wait_for(".schema-form-property__description", text="Total number of training steps of the job.")
+    browser.clear(steps)
+    browser.type(steps, str(STEPS))
+    browser.screenshot(ARTIFACTS / "ui-custom-run-form.png")
+    browser.click(browser.wait_for("button[type=submit]", text="Submit"))
+
+    deadline = time.monotonic() + 60
+    runs = []
+    while not runs and time.monotonic() < deadline:
+        runs = api_json(api, "POST", "/flow_runs/filter", {
+            "flow_runs": {"deployment_id": {"any_": [train["id"]]}}, "sort": "EXPECTED_START_TIME_DESC", "limit": 5,
+        })
+        runs = [r for r in runs if r["parameters"]["spec"]["workload"]["steps"] == STEPS]
+        time.sleep(0.5)
+    assert len(runs) == 1, "the form did not create the flow run"
+    assert runs[0]["parameters"]["spec"]["name"] == "digits"  # the fields left alone keep their defaults
+    flow_run = wait_for_flow_run(api, runs[0]["id"], 180, served["worker"], served["log"])
+    assert flow_run["state"]["type"] == "COMPLETED", (flow_run["state"], served["log"].read_text()[-4000:])
+
+    client = MlflowClient(f"sqlite:///{served['home'] / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("digits")
+    [run] = client.search_runs([experiment.experiment_id], f"tags.prefect_flow_run_id = '{flow_run['id']}'")
+    assert run.data.params["steps"] == str(STEPS)
+    assert max(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == STEPS
+    assert run.info.start_time / 1000 >= started - 5
+
+    browser.open(f"{ui}/runs/flow-run/{flow_run['id']}")
+    browser.wait_for("span, div", text="Completed")
+    browser.screenshot(ARTIFACTS / "ui-custom-run-completed.png")
+
+    # the run's summary artifact, as the UI renders it
+    [summary] = api_json(api, "POST", "/artifacts/filter", {
+        "artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}, "type": {"any_": ["markdown"]}}
+    })
+    browser.open(f"{ui}/artifacts/artifact/{summary['id']}")
+    browser.wait_for("h1", text=run.data.tags["trainflow.run_id"])
+    browser.wait_for("th, td", text=f"succeeded at step {STEPS} of {STEPS}")
+    browser.wait_for("a", text=run.info.run_id)  # the link to the MLflow run
+    browser.screenshot(ARTIFACTS / "ui-run-summary.png")
