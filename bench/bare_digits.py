@@ -15,11 +15,10 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples", "digits"))
-from train import DigitsNet, ShardedBatches  # noqa: E402  (the reference workload's own model and data)
+from train import DigitsNet, ShardedBatches, load_digits  # noqa: E402  (the reference workload's own parts)
 
 
 def main() -> None:
@@ -31,9 +30,9 @@ def main() -> None:
     started = time.time()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    digits = load_digits()
-    features = torch.tensor(digits.data, dtype=torch.float32) / 16.0
-    labels = torch.tensor(digits.target, dtype=torch.long)
+    images, targets = load_digits()
+    features = torch.tensor(images, dtype=torch.float32) / 16.0
+    labels = torch.tensor(targets, dtype=torch.long)
     batches = ShardedBatches(features, labels, 64, rank, world, args.seed)
     torch.manual_seed(args.seed)
     model = DDP(DigitsNet(128))
