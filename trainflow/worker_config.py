@@ -34,6 +34,9 @@ class WorkerConfig:
     node_scratch: str
     divergence_check_every_steps: int = 0
     restore_prefix: str | None = None
+    snapshot_every_s: float = 0.0  # checkpoint.snapshot_every_s: 0 snapshots every checkpoint
+    keep_every_steps: int = 0  # checkpoint.keep_every_steps: these steps are always snapshotted
+    local_tier: bool = True  # checkpoint.local_tier: save to node-local disk first, restore from it
 
     def write(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -30,4 +30,7 @@ def worker_config(spec: RunSpec, run_id: str, plan: AttemptPlan, node: int, node
         node_scratch=str(node_scratch),
         divergence_check_every_steps=spec.fault_tolerance.divergence_check_every_steps,
         restore_prefix=plan.restore_prefix,
+        snapshot_every_s=spec.checkpoint.snapshot_every_s,
+        keep_every_steps=spec.checkpoint.keep_every_steps,
+        local_tier=spec.checkpoint.local_tier,
     )

@@ -1,13 +1,17 @@
 """Checkpoint storage over string URIs: a local directory or s3://bucket/prefix (boto3).
 
 Keys are '/'-separated paths below the root. `put_if_absent` is the commit primitive: it never
-overwrites, so two writers cannot both commit the same checkpoint.
+overwrites, so two writers cannot both commit the same checkpoint. `upload_many`/`download_many`
+move a checkpoint's files in parallel; `list_incomplete`/`abort_incomplete` find and drop what an
+interrupted writer left behind (multipart uploads on S3, partial files on disk).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -22,17 +26,33 @@ class AlreadyExists(StorageError):
     """A conditional write found the key already present."""
 
 
+@dataclass(frozen=True)
+class Incomplete:
+    """An upload that was started and never finished: a multipart upload, or a partial file."""
+
+    key: str
+    upload_id: str = ""
+
+
 class Storage(Protocol):
     uri: str
 
     def upload(self, path: Path, key: str) -> None: ...
     def download(self, key: str, path: Path) -> None: ...
+    def upload_many(self, pairs: list[tuple[Path, str]]) -> None: ...
+    def download_many(self, pairs: list[tuple[str, Path]]) -> None: ...
     def put_if_absent(self, key: str, data: bytes) -> None: ...
     def read(self, key: str) -> bytes: ...
     def size(self, key: str) -> int | None: ...
     def list(self, prefix: str = "") -> list[str]: ...
     def delete(self, keys: list[str]) -> None: ...
+    def list_incomplete(self, prefix: str = "") -> list[Incomplete]: ...
+    def abort_incomplete(self, items: list[Incomplete]) -> None: ...
     def check(self) -> None: ...
+
+
+def _partial_name(target: Path) -> Path:
+    return target.with_name(f"{target.name}{PARTIAL}{os.getpid()}-{threading.get_ident()}")
 
 
 class LocalStorage:
@@ -46,9 +66,26 @@ class LocalStorage:
     def upload(self, path: Path, key: str) -> None:
         target = self._path(key)
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f"{target.name}{PARTIAL}{os.getpid()}")
-        shutil.copyfile(path, partial)
-        os.replace(partial, target)
+        partial = _partial_name(target)
+        try:
+            shutil.copyfile(path, partial)
+            with open(partial, "rb") as handle:
+                os.fsync(handle.fileno())  # the durable tier: on disk before the manifest names it
+            os.replace(partial, target)
+        except FileNotFoundError:
+            partial.unlink(missing_ok=True)
+            raise StorageError(f"{path}: not found") from None
+        except OSError as exc:
+            partial.unlink(missing_ok=True)
+            raise StorageError(f"{self.uri}/{key}: {exc.strerror or exc}") from None
+
+    def upload_many(self, pairs: list[tuple[Path, str]]) -> None:
+        for path, key in pairs:
+            self.upload(path, key)
+
+    def download_many(self, pairs: list[tuple[str, Path]]) -> None:
+        for key, path in pairs:
+            self.download(key, path)
 
     def download(self, key: str, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -60,8 +97,11 @@ class LocalStorage:
     def put_if_absent(self, key: str, data: bytes) -> None:
         target = self._path(key)
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f"{target.name}{PARTIAL}{os.getpid()}")
-        partial.write_bytes(data)
+        partial = _partial_name(target)
+        with open(partial, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
         try:
             os.link(partial, target)  # link() fails if the target exists: an atomic create-if-absent
         except FileExistsError:
@@ -97,6 +137,19 @@ class LocalStorage:
             while parent != self.root and parent.is_dir() and not any(parent.iterdir()):
                 parent.rmdir()
                 parent = parent.parent
+
+    def list_incomplete(self, prefix: str = "") -> list[Incomplete]:
+        base = self._path(prefix) if prefix else self.root
+        if not base.exists():
+            return []
+        return sorted(
+            (Incomplete(str(p.relative_to(self.root))) for p in base.rglob(f"*{PARTIAL}*") if p.is_file()),
+            key=lambda item: item.key,
+        )
+
+    def abort_incomplete(self, items: list[Incomplete]) -> None:
+        for item in items:
+            self._path(item.key).unlink(missing_ok=True)
 
     def check(self) -> None:
         try:

@@ -145,9 +145,10 @@ class Run:
                 self.reporter.send("diverged", step=step, hashes=[f"{h:015x}" for h in hashes])
             self._leave(exit_codes.DIVERGED, f"replicas diverged at step {step}")
         if stop:
-            if self._saved_step != step:
-                self.checkpoint()  # the emergency checkpoint: every rank saves this same step
-                self._saved_step = step
+            # the emergency checkpoint, every rank at this same step; returns once it is durable
+            # (for a step already saved on schedule it only waits for that save's commit)
+            self.checkpoint()
+            self._saved_step = step
             requested = self._control.preempt_requested_at
             self.reporter.send("preempted", step=step, signalled=requested is not None, requested_at=requested)
             self._leave(exit_codes.PREEMPTED, f"preempted: checkpoint at step {step} committed")

@@ -1,0 +1,398 @@
+"""`trainflow bench checkpoint`: what checkpoints cost training, and how fast they move bytes.
+
+Everything runs in one go against the same S3-compatible endpoint and the same local disk: the
+real checkpoint engine (trainflow.runtime.checkpointing, a gloo group of one process) saving a
+synthetic MLP whose checkpoint — parameters plus SGD momentum — is `--size-mb`, next to plain
+boto3 calls on the same bytes: `--uri`, else the bucket `trainflow-bench` on the endpoint the AWS
+environment names (AWS_ENDPOINT_URL_S3), else — no endpoint configured — a moto_server of its own on
+a free loopback port (at a low CPU priority: it stands in for a store that is not on the training
+node), stopped at the end. Training uses one thread, as a worker with one core would; the
+background save runs below training's priority, as it does in every worker.
+
+Figures (medians over several saves and transfers; throughput rounds alternate with and without):
+  sync_stall_s             training paused for a save done while it waits: stage, write, hash,
+                           upload, commit (what a synchronous checkpoint costs)
+  async_stall_s            training paused for an asynchronous save: staging to host memory
+  local_write_MBps         DCP write of the checkpoint into the node-local tier
+  s3_upload_MBps           a snapshot's upload (every file in parallel, transfer manager, helper
+                           process) at training's priority, as the raw call below runs;
+                           s3_upload_background_MBps is the same below training's priority
+  raw_boto3_upload_MBps    a plain `upload_file` of the same number of bytes, boto3's defaults
+  s3_restore_MBps          download of the committed checkpoint's files by a restore
+  raw_boto3_download_MBps  a plain `download_file` of the same bytes, boto3's defaults
+  verify_s                 sha256 of every restored file against the manifest
+  step_overhead_pct        training time of `checkpoint.every_steps` steps (the spec's default) with a
+                           checkpoint under the default snapshot policy — its stall, the slower steps
+                           while it runs in the background, and any of it left at the interval's end —
+                           over the same steps without; the median over alternating intervals.
+                           step_overhead_local_pct: the same for checkpoints that stay on the
+                           node-local tier (those between snapshots when snapshot_every_s > 0)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+MB = 1 << 20
+WIDTH = 1024  # the MLP's layers are WIDTH x WIDTH, float32: 4 MiB of parameters and 4 of momentum each
+BUCKET = "trainflow-bench"
+SERVER_NICENESS = 10
+
+TARGETS = {
+    # figure: (what is compared, how it reads, passes)
+    "async_stall": ("async_stall_s / sync_stall_s", "<= 0.1", lambda r: r <= 0.1),
+    "upload": ("s3_upload_MBps / raw_boto3_upload_MBps", ">= 0.8", lambda r: r >= 0.8),
+    "restore": ("s3_restore_MBps / raw_boto3_download_MBps", ">= 0.8", lambda r: r >= 0.8),
+    "step_overhead": ("step_overhead_pct", "<= 5", lambda r: r <= 5.0),
+}
+
+
+class BenchError(RuntimeError):
+    """The benchmark could not run (no S3 server, an unusable URI); the message says why."""
+
+
+@dataclass(frozen=True)
+class Options:
+    size_mb: int = 64
+    uri: str | None = None  # s3://bucket/prefix; None: an own moto_server
+    batch: int = 128  # rows per training step of the synthetic model
+    pairs: int = 15  # checkpoint intervals trained without, then with a checkpoint
+    repeats: int = 5  # saves, uploads and restores measured (medians reported)
+
+
+def run_benchmark(options: Options, log=lambda text: None) -> dict:
+    """Run every measurement; returns the figures and which targets they meet."""
+    if options.size_mb < 8:
+        raise BenchError("--size-mb must be at least 8 (one 1024x1024 layer and its momentum)")
+    with ExitStack() as stack:
+        uri, endpoint = stack.enter_context(_s3_store(options.uri, log))
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trainflow-bench-")))
+        stack.enter_context(_process_group())
+        stack.enter_context(_threads(1))
+        return _measure(options, uri, endpoint, work, log)
+
+
+def _measure(options: Options, uri: str, endpoint: str, work: Path, log) -> dict:
+    import boto3
+    import torch
+
+    from trainflow.checkpoint import s3 as s3_module
+    from trainflow.checkpoint.catalog import checkpoint_prefix
+    from trainflow.checkpoint.storage import open_storage
+    from trainflow.runtime.checkpointing import Checkpointer, Stateful
+    from trainflow.spec import Checkpoint
+    from trainflow.worker_config import WorkerConfig
+
+    defaults = Checkpoint()
+    run_id = f"bench-{uuid.uuid4().hex[:8]}"
+    config = WorkerConfig(
+        run_id=run_id, attempt=1, node=0, status_address="127.0.0.1:9", status_token="bench",
+        checkpoint_uri=uri, every_steps=defaults.every_steps, total_steps=10**9, seed=0, spec_hash="0" * 64,
+        code_version="bench", comm_backend="gloo", collective_timeout_s=600.0, heartbeat_interval_s=1.0,
+        orchestrator_timeout_s=60.0, node_scratch=str(work / "node-0"),
+        snapshot_every_s=defaults.snapshot_every_s, keep_every_steps=0, local_tier=defaults.local_tier,
+    )
+    events: list[dict] = []
+    storage = open_storage(uri)
+    collect = lambda kind, **fields: events.append({"kind": kind, **fields})  # noqa: E731
+    saver = Checkpointer(config, storage, 0, 1, send=collect)
+    # a synchronous save runs on the training thread, at training's priority: so does this yardstick
+    syncer = Checkpointer(replace(config, node_scratch=str(work / "node-s")), storage, 0, 1, send=collect, niceness=0)
+
+    torch.manual_seed(0)
+    layers = max(1, round(options.size_mb * MB / (8 * WIDTH * WIDTH)))
+    model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(layers)])
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    batch = torch.randn(options.batch, WIDTH)
+    state = Stateful(model=model, optimizer=optimizer, extras={})
+
+    def train(steps: int) -> None:
+        for _ in range(steps):
+            loss = model(batch).pow(2).mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+
+    step = 0
+
+    def advance() -> int:
+        nonlocal step
+        train(1)
+        step += 1
+        return step
+
+    log(f"model: {layers} x {WIDTH}x{WIDTH} linear layers; warming up")
+    for checkpointer in (saver, syncer):  # first saves: buffers allocated, connections opened
+        checkpointer.save(advance(), state, commit=True)
+
+    log("saves: synchronous and asynchronous, with plain boto3 on the same bytes in between")
+    client = boto3.client("s3")  # boto3's defaults: the yardstick
+    bucket, _, key_root = uri.removeprefix("s3://").partition("/")
+    raw_key = f"{key_root.strip('/')}/{run_id}/raw-boto3".lstrip("/")
+    blob = work / "raw.bin"
+    sync_stalls, async_stalls, writes, uploads, background_uploads, raw_ups = [], [], [], [], [], []
+    for _ in range(options.repeats):
+        began = time.perf_counter()
+        syncer.save(advance(), state, commit=True)
+        sync_stalls.append(time.perf_counter() - began)
+        committed = [e for e in events if e.get("status") == "committed"][-1]
+        size = committed["bytes"]
+        uploads.append(size / MB / committed["upload_s"])  # the engine's upload, at training's priority
+
+        outcome = saver.save(advance(), state)
+        async_stalls.append(outcome.stall_s)
+        saver.wait()
+        committed = [e for e in events if e.get("status") == "committed"][-1]
+        writes.append(size / MB / committed["save_s"])
+        background_uploads.append(size / MB / committed["upload_s"])
+
+        if not blob.exists():
+            _concatenate(saver.tier.folder(saver.tier.committed(run_id)[-1].prefix), blob)
+        began = time.perf_counter()
+        client.upload_file(str(blob), bucket, raw_key)
+        raw_ups.append(blob.stat().st_size / MB / (time.perf_counter() - began))
+    syncer.close()
+
+    log("restores from S3, and plain boto3 downloads of the same bytes")
+    restorer = Checkpointer(replace(config, local_tier=False, node_scratch=str(work / "node-r")), storage, 0, 1)
+    prefix = checkpoint_prefix(run_id, step)
+    restores, verifies, totals, raw_downs = [], [], [], []
+    for _ in range(options.repeats):
+        restored = restorer.restore(prefix, state)
+        restores.append(restored.bytes / MB / restored.transfer_s)
+        verifies.append(restored.verify_s)
+        totals.append(restored.seconds)
+        began = time.perf_counter()
+        client.download_file(bucket, raw_key, str(work / "raw-back.bin"))
+        raw_downs.append(blob.stat().st_size / MB / (time.perf_counter() - began))
+        (work / "raw-back.bin").unlink()
+    restorer.close()
+
+    # the same saves kept on the node-local tier: what checkpoints between snapshots cost
+    local_only = Checkpointer(
+        replace(config, node_scratch=str(work / "node-l"), snapshot_every_s=86400.0), storage, 0, 1, send=collect
+    )
+    local_only.save(advance(), state, commit=True)  # its first save is a snapshot, as in every attempt
+
+    every = config.every_steps
+    log(f"training throughput: {options.pairs} x {every} steps without, then with a checkpoint (and its wait)")
+    plain_s: list[float] = []
+    overheads: dict[str, list[float]] = {"default": [], "local": []}
+    for _ in range(options.pairs):  # interval by interval, alternating, so other load hits both alike
+        for kind, checkpointer in (("default", saver), ("local", local_only)):
+            began = time.perf_counter()
+            train(every)
+            plain = time.perf_counter() - began
+            step += every
+            began = time.perf_counter()
+            checkpointer.save(advance(), state)
+            train(every - 1)
+            step += every - 1
+            checkpointer.wait()  # what is left of the save after its interval, the next save would wait for
+            overheads[kind].append((time.perf_counter() - began) / plain - 1.0)
+            plain_s.append(plain)
+    local_only.close()
+    failed = [e for e in events if e.get("status") != "committed"]
+    saver.close()
+
+    figures = {
+        "size_mb": options.size_mb,
+        "checkpoint_bytes": size,
+        "checkpoint_files": committed["files"],
+        "endpoint": endpoint,
+        "s3_upload_part_mb": s3_module.UPLOAD_PART_MB,
+        "s3_download_part_mb": s3_module.DOWNLOAD_PART_MB,
+        "s3_concurrency": s3_module.CONCURRENCY,
+        "sync_stall_s": _median(sync_stalls),
+        "async_stall_s": _median(async_stalls),
+        "local_write_MBps": _median(writes),
+        "s3_upload_MBps": _median(uploads),
+        "s3_upload_background_MBps": _median(background_uploads),
+        "raw_boto3_upload_MBps": _median(raw_ups),
+        "s3_restore_MBps": _median(restores),
+        "raw_boto3_download_MBps": _median(raw_downs),
+        "verify_s": _median(verifies),
+        "restore_s": _median(totals),
+        "step_time_s": round(statistics.median(plain_s) / every, 4),
+        "checkpoint_every_steps": every,
+        "step_overhead_pct": round(100.0 * statistics.median(overheads["default"]), 2),
+        "step_overhead_local_pct": round(100.0 * statistics.median(overheads["local"]), 2),
+        "failed_saves": len(failed),
+    }
+    ratios = {
+        "async_stall": figures["async_stall_s"] / figures["sync_stall_s"],
+        "upload": figures["s3_upload_MBps"] / figures["raw_boto3_upload_MBps"],
+        "restore": figures["s3_restore_MBps"] / figures["raw_boto3_download_MBps"],
+        "step_overhead": figures["step_overhead_pct"],
+    }
+    figures["targets"] = {
+        name: {"measure": what, "value": round(ratios[name], 3), "target": goal, "met": bool(passes(ratios[name]))}
+        for name, (what, goal, passes) in TARGETS.items()
+    }
+    _remove_prefix(storage, run_id)
+    return figures
+
+
+def render(figures: dict) -> str:
+    """The figures as a small table, then the targets."""
+    rows = [
+        ("checkpoint", f"{figures['checkpoint_bytes'] / MB:.1f} MiB in {figures['checkpoint_files']} files"),
+        ("S3 endpoint", f"{figures['endpoint']} (parts {figures['s3_upload_part_mb']} MiB up, "
+                        f"{figures['s3_download_part_mb']} MiB down, {figures['s3_concurrency']} in flight)"),
+        ("sync stall", f"{figures['sync_stall_s']:.3f} s"),
+        ("async stall", f"{figures['async_stall_s']:.3f} s"),
+        ("local write", f"{figures['local_write_MBps']:.0f} MiB/s"),
+        ("S3 upload", f"{figures['s3_upload_MBps']:.0f} MiB/s (raw boto3 {figures['raw_boto3_upload_MBps']:.0f}; "
+                      f"in the background, below training's priority: {figures['s3_upload_background_MBps']:.0f})"),
+        ("S3 restore", f"{figures['s3_restore_MBps']:.0f} MiB/s (raw boto3 {figures['raw_boto3_download_MBps']:.0f})"),
+        ("verify", f"{figures['verify_s']:.3f} s (whole restore {figures['restore_s']:.2f} s)"),
+        ("step overhead", f"{figures['step_overhead_pct']:.1f} % (checkpoint every {figures['checkpoint_every_steps']} "
+                          f"steps of {figures['step_time_s'] * 1000:.0f} ms; "
+                          f"{figures['step_overhead_local_pct']:.1f} % for one kept on the local tier)"),
+    ]
+    lines = [f"  {name:<14} {value}" for name, value in rows]
+    lines.append("targets:")
+    for name, target in figures["targets"].items():
+        mark = "met" if target["met"] else "NOT MET"
+        lines.append(f"  {name:<14} {target['measure']} = {target['value']} (target {target['target']}): {mark}")
+    return "\n".join(lines)
+
+
+def _median(values: list[float]) -> float:
+    return round(statistics.median(values), 4)
+
+
+def _concatenate(folder: Path, target: Path) -> None:
+    """The checkpoint's bytes as one file: what a plain upload_file gets to move."""
+    with open(target, "wb") as out:
+        for path in sorted(folder.iterdir()):
+            if path.name != "manifest.json":
+                with open(path, "rb") as source:
+                    shutil.copyfileobj(source, out, 4 * MB)
+
+
+def _remove_prefix(storage, run_id: str) -> None:
+    keys = storage.list(run_id)
+    storage.delete(keys)
+
+
+@contextmanager
+def _threads(count: int):
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+@contextmanager
+def _process_group():
+    import torch.distributed as dist
+
+    from trainflow.backends.ports import free_port
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@contextmanager
+def _s3_store(uri: str | None, log):
+    """(checkpoint URI, endpoint description): `--uri`; else the bucket `trainflow-bench` on the
+    endpoint the AWS environment configures; else a bucket on an own moto_server."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if uri is None and endpoint is None:
+        with _moto_server(log) as own:
+            yield f"s3://{BUCKET}/checkpoints", f"{own} (moto_server started by the benchmark)"
+        return
+    if uri is not None and not uri.startswith("s3://"):
+        raise BenchError(f"--uri {uri!r}: the benchmark needs an s3://bucket/prefix URI")
+    uri = (uri or f"s3://{BUCKET}/checkpoints").rstrip("/")
+    from trainflow.checkpoint.s3 import S3Storage
+    from trainflow.checkpoint.storage import StorageError
+
+    try:
+        S3Storage(uri).check()
+    except StorageError as exc:
+        hint = "pass --uri s3://bucket/prefix, or unset AWS_ENDPOINT_URL_S3 for a moto_server of its own"
+        raise BenchError(f"{exc} ({hint})") from None
+    yield uri, endpoint or "AWS S3"
+
+
+@contextmanager
+def _moto_server(log):
+    import boto3
+
+    from trainflow.backends.ports import free_port
+
+    binary = Path(sys.executable).parent / "moto_server"
+    if not binary.exists():
+        found = shutil.which("moto_server")
+        if found is None:
+            raise BenchError("no S3 endpoint: pass --uri s3://bucket/prefix, or install moto[server] for moto_server")
+        binary = Path(found)
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    log(f"starting moto_server on {endpoint}")
+    # The server stands in for a store that is not on the training node: it gets the CPU that
+    # training leaves. Our uploads and the plain boto3 yardstick talk to the same server.
+    proc = subprocess.Popen(
+        [str(binary), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        preexec_fn=lambda: os.nice(SERVER_NICENESS),
+    )
+    overrides = {
+        "AWS_ENDPOINT_URL_S3": endpoint, "AWS_ACCESS_KEY_ID": "trainflow-bench",
+        "AWS_SECRET_ACCESS_KEY": "trainflow-bench", "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    saved = {key: os.environ.get(key) for key in [*overrides, "AWS_PROFILE"]}
+    try:
+        _wait_http(f"{endpoint}/moto-api/", proc, timeout_s=60)
+        os.environ.update(overrides)
+        os.environ.pop("AWS_PROFILE", None)
+        boto3.client("s3").create_bucket(Bucket=BUCKET)
+        yield endpoint
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(10)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise BenchError(f"moto_server exited with code {proc.returncode} before answering")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise BenchError(f"moto_server did not answer at {url} within {timeout_s:.0f}s")
