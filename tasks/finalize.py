@@ -7,7 +7,7 @@ from prefect import get_run_logger
 from tasks import lifecycle_task
 from tasks.records import CheckpointRecord, Provisioned, RunRecord
 from trainflow.checkpoint.catalog import list_committed, missing_or_resized
-from trainflow.checkpoint.storage import open_storage
+from trainflow.checkpoint.storage import StorageError, open_storage
 from trainflow.failures import AttemptResult, Decision
 from trainflow.diagnosis import cost_figures, diagnose
 from trainflow.home import resolve_checkpoint_uri
@@ -43,7 +43,12 @@ def finalize(
     status = run_status(results)
     last = results[-1]
     finished = last.finished or {}
-    checkpoints = checkpoint_index(spec, record.run_id)
+    try:
+        checkpoints = checkpoint_index(spec, record.run_id)
+    except StorageError as exc:  # the store is unreachable now: report what the snapshots verified
+        get_run_logger().warning("checkpoint index from the snapshots only: %s", exc)
+        checkpoints = [{"step": c.step, "uri": c.uri, "verified": c.verified, "bytes": c.bytes}
+                       for c in snapshots if c.verified]
     summary = {
         "status": status,
         "reason": decision.reason,

@@ -14,7 +14,9 @@ from trainflow.home import resolve_checkpoint_uri
 from trainflow.spec import RunSpec
 
 
-@lifecycle_task(name="find-resume-point")
+# the checkpoint store may be briefly unreachable (the reason for the retry, often): wait for it
+# rather than resume from the wrong place
+@lifecycle_task(name="find-resume-point", retries=4, retry_delay_seconds=[2, 4, 8, 16])
 def find_resume_point(spec: RunSpec, run_id: str | None = None) -> Committed | None:
     """The newest verified checkpoint, of this run or (run_id None) of any run under the URI."""
     found = latest_verified(open_storage(resolve_checkpoint_uri(spec.checkpoint.uri)), run_id)

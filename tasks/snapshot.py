@@ -63,7 +63,11 @@ def snapshot_checkpoint(spec: RunSpec, record: RunRecord, provisioned: Provision
         logger.error("checkpoint at step %d failed verification: %s", step, "; ".join(problems))
         return CheckpointRecord(step, uri, False, size, commit.get("attempt", 0), "; ".join(problems))
 
-    deleted = apply_retention(storage, record.run_id, spec.checkpoint.keep_last, spec.checkpoint.keep_every_steps)
+    deleted: list[int] = []
+    try:
+        deleted = apply_retention(storage, record.run_id, spec.checkpoint.keep_last, spec.checkpoint.keep_every_steps)
+    except StorageError as exc:  # the store went away after the commit: retention waits for the next snapshot
+        logger.warning("retention skipped this time: %s", exc)
     aborted: list[str] = []
     try:
         aborted = abort_stale_uploads(storage, record.run_id, step)
