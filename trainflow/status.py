@@ -145,14 +145,15 @@ class StatusServer:
             status = current.ranks.setdefault(rank, RankStatus(rank=rank, node=int(message.get("node", -1))))
             status.last_seen = now
             status.pid = message.get("pid", status.pid)
-            if kind == "progress":
-                status.step = int(message["step"])
-                status.step_time_s = message.get("step_time_s")
+            if kind == "progress":  # a batch of steps: one message per step would cost tiny steps dearly
+                for entry in message.get("steps", []):
+                    status.step = int(entry["step"])
+                    status.step_time_s = entry.get("step_time_s")
+                    if "compute_s" in entry:
+                        status.compute_s.append(float(entry["compute_s"]))
+                    if current.first_step_at is None:
+                        current.first_step_at = min(now, float(entry.get("t", now)))
                 status.progressed_at = now
-                if "compute_s" in message:
-                    status.compute_s.append(float(message["compute_s"]))
-                if current.first_step_at is None:
-                    current.first_step_at = now
             elif kind == "restored":
                 current.restored_step = int(message["step"])
                 status.step = current.restored_step
@@ -165,8 +166,10 @@ class StatusServer:
                     current.preempted = message  # prefer the rank that received the signal
             elif kind == "diverged":
                 current.diverged = message
-        if kind == "progress" and "metrics" in message:
-            self.metrics.put((message["step"], message["t"], message["metrics"]))
+        if kind == "progress":
+            for entry in message.get("steps", []):
+                if "metrics" in entry:
+                    self.metrics.put((entry["step"], entry.get("t", message["t"]), entry["metrics"]))
         elif kind == "resources":  # named like MLflow's system metrics, one set per node
             node = message.get("node")
             figures = {f"system/node_{node}/{name}": value for name, value in message.get("figures", {}).items()}

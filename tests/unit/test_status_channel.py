@@ -56,7 +56,7 @@ def reporter(server, stack) -> Callable[..., StatusReporter]:
 
 def test_progress_reaches_the_server(server, reporter):
     worker = reporter(rank=0)
-    worker.send("progress", step=3, step_time_s=0.01, metrics={"loss": 1.0})
+    worker.send("progress", steps=[{"step": 3, "step_time_s": 0.01, "metrics": {"loss": 1.0}}])
     snapshot = wait_for(server, lambda s: 0 in s.ranks and s.ranks[0].step == 3)
     rank = snapshot.ranks[0]
     assert (rank.node, rank.pid, rank.step_time_s) == (0, 1000, 0.01)
@@ -69,7 +69,7 @@ def test_progress_reaches_the_server(server, reporter):
 def test_close_delivers_what_is_queued(server, reporter):
     worker = reporter(rank=0, interval=5.0)
     for step in (1, 2, 3):
-        worker.send("progress", step=step, step_time_s=0.01)
+        worker.send("progress", steps=[{"step": step, "step_time_s": 0.01}])
     worker.send("finished", step=3)
     worker.close()
     snapshot = wait_for(server, lambda s: s.finished is not None)
@@ -89,9 +89,9 @@ def test_events_and_errors_are_recorded(server, reporter):
 
 def test_wrong_token_is_ignored(server, reporter):
     intruder = reporter(rank=0, token="not-the-token")
-    intruder.send("progress", step=9, step_time_s=0.01, metrics={"loss": 0.0})
+    intruder.send("progress", steps=[{"step": 9, "step_time_s": 0.01, "metrics": {"loss": 0.0}}])
     honest = reporter(rank=1)
-    honest.send("progress", step=1, step_time_s=0.01)
+    honest.send("progress", steps=[{"step": 1, "step_time_s": 0.01}])
     wait_for(server, lambda s: 1 in s.ranks and s.ranks[1].step == 1)
     time.sleep(0.3)  # give the intruder every chance to show up
     assert 0 not in server.snapshot().ranks
@@ -102,9 +102,9 @@ def test_wrong_token_is_ignored(server, reporter):
 def test_messages_of_another_attempt_are_ignored(server, reporter):
     worker = reporter(rank=0)
     # one connection, so the server reads these in order
-    worker.send("progress", attempt=2, step=5, step_time_s=0.01, metrics={"loss": 9.0})
+    worker.send("progress", attempt=2, steps=[{"step": 5, "step_time_s": 0.01, "metrics": {"loss": 9.0}}])
     worker.send("error", attempt=2, step=5, type="ValueError", message="stale")
-    worker.send("progress", step=3, step_time_s=0.01, metrics={"loss": 1.0})
+    worker.send("progress", steps=[{"step": 3, "step_time_s": 0.01, "metrics": {"loss": 1.0}}])
     snapshot = wait_for(server, lambda s: 0 in s.ranks and s.ranks[0].step == 3)
     assert snapshot.errors == []
     assert server.metrics.get(timeout=5)[0] == 3
@@ -114,9 +114,9 @@ def test_messages_of_another_attempt_are_ignored(server, reporter):
 
 def test_reporter_of_a_later_attempt_is_ignored_until_it_begins(server, reporter):
     late = reporter(rank=0, attempt=2)
-    late.send("progress", step=5, step_time_s=0.01)
+    late.send("progress", steps=[{"step": 5, "step_time_s": 0.01}])
     current = reporter(rank=1, attempt=1)
-    current.send("progress", step=1, step_time_s=0.01)
+    current.send("progress", steps=[{"step": 1, "step_time_s": 0.01}])
     wait_for(server, lambda s: 1 in s.ranks)
     time.sleep(0.3)
     assert 0 not in server.snapshot().ranks
@@ -138,7 +138,7 @@ def test_heartbeats_update_last_seen_without_progress(server, reporter):
 
 def test_begin_attempt_forgets_the_previous_one(server, reporter):
     worker = reporter(rank=0, interval=5.0)
-    worker.send("progress", step=3, step_time_s=0.01)
+    worker.send("progress", steps=[{"step": 3, "step_time_s": 0.01}])
     wait_for(server, lambda s: 0 in s.ranks and s.ranks[0].step == 3)
     server.begin_attempt(2)
     snapshot = server.snapshot()
@@ -147,7 +147,7 @@ def test_begin_attempt_forgets_the_previous_one(server, reporter):
 
 def test_snapshot_is_a_copy(server, reporter):
     worker = reporter(rank=0, interval=5.0)
-    worker.send("progress", step=3, step_time_s=0.01)
+    worker.send("progress", steps=[{"step": 3, "step_time_s": 0.01}])
     snapshot = wait_for(server, lambda s: 0 in s.ranks and s.ranks[0].step == 3)
     snapshot.ranks[0].step = 99
     snapshot.errors.append({"x": 1})

@@ -56,7 +56,7 @@ def test_heartbeats_without_progress_are_a_hang_with_stacks(channel):
     ranks = [reporter(channel, r) for r in range(2)]
     try:
         for r in ranks:
-            r.send("progress", step=5, step_time_s=0.01, compute_s=0.01)
+            r.send("progress", steps=[{"step": 5, "step_time_s": 0.01, "compute_s": 0.01}])
         launcher = StandInLauncher(2)
         started = time.monotonic()
         result = watcher(channel, launcher, heartbeat_timeout_s=5, hang_timeout_s=1.0).run(poll_s=0.05)
@@ -73,7 +73,7 @@ def test_silence_without_exit_is_a_lost_node(channel):
     alive, doomed = reporter(channel, 0), reporter(channel, 1)
     try:
         for r in (alive, doomed):
-            r.send("progress", step=3, step_time_s=0.01)
+            r.send("progress", steps=[{"step": 3, "step_time_s": 0.01}])
         time.sleep(0.2)
         doomed.close()  # node 1 goes quiet, its process "still running"
         result = watcher(channel, StandInLauncher(2), heartbeat_timeout_s=0.6, hang_timeout_s=30).run(poll_s=0.05)
@@ -87,7 +87,7 @@ def test_a_frozen_worker_on_a_live_node_is_a_hang(channel):
     alive, frozen = reporter(channel, 0), reporter(channel, 1)
     try:
         for r in (alive, frozen):
-            r.send("progress", step=3, step_time_s=0.01)
+            r.send("progress", steps=[{"step": 3, "step_time_s": 0.01}])
         time.sleep(0.2)
         frozen.close()
         result = watcher(channel, StandInLauncher(2, state="workers-stopped"), heartbeat_timeout_s=0.6,
@@ -106,8 +106,8 @@ def test_a_slow_rank_is_reported_as_a_straggler_and_training_goes_on(channel):
                            straggler_factor=1.5, straggler_steps=3), 2, 0, lambda rows: None, events.append)
     try:
         for step in range(1, 41):
-            ranks[0].send("progress", step=step, step_time_s=0.03, compute_s=0.01)
-            ranks[1].send("progress", step=step, step_time_s=0.03, compute_s=0.03)
+            ranks[0].send("progress", steps=[{"step": step, "step_time_s": 0.03, "compute_s": 0.01}])
+            ranks[1].send("progress", steps=[{"step": step, "step_time_s": 0.03, "compute_s": 0.03}])
         time.sleep(0.5)
         for _ in range(5):
             assert watch._check() is None  # not fatal

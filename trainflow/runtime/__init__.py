@@ -45,6 +45,8 @@ from trainflow.worker_config import WorkerConfig
 
 __all__ = ["Run", "init"]
 
+PROGRESS_BATCH_S = 0.02  # steps are reported in batches at most this old
+
 
 class Run:
     """One worker's view of the job; created by `init()`."""
@@ -84,6 +86,7 @@ class Run:
         self._last_loss: float | None = None
         self._saved_step: int | None = None
         self._data_wait = 0.0
+        self._progress: list[dict] = []
         if self.local_rank == 0:  # one sampler per node
             self._resources = ResourceSampler(lambda figures: self.reporter.send("resources", figures=figures))
         self.reporter.send("started", world_size=self.world_size)
@@ -154,6 +157,7 @@ class Run:
             self._leave(exit_codes.PREEMPTED, f"preempted: checkpoint at step {step} committed")
 
     def _leave(self, code: int, message: str) -> None:
+        self._flush_progress()
         print(f"trainflow: {message}; exiting with {code}", file=sys.stderr, flush=True)
         self.reporter.close()
         raise SystemExit(code)
@@ -181,6 +185,7 @@ class Run:
         """Save, publish and commit the registered state at the current step (collective)."""
         if self._state is None:
             raise RuntimeError("call run.restore(model=..., optimizer=...) before checkpointing")
+        self._flush_progress()
         # On the every_steps schedule training only waits for the state to be staged; any other
         # call (the last step, a preemption, an explicit call, a second call for the same step)
         # returns once the checkpoint is committed to the checkpoint URI.
@@ -192,6 +197,7 @@ class Run:
 
     def finish(self) -> None:
         """Report the final parameters' hash and leave the process group."""
+        self._flush_progress()
         self._checkpointer.close()  # the save in flight finishes first
         if self._state is not None and self.is_main:
             model_sd = self._checkpointer.model_state(self._state)
@@ -203,15 +209,24 @@ class Run:
         dist.destroy_process_group()
 
     def _report_step(self, step: int, elapsed: float, comm_wait: float, samples_per_step: int | None) -> None:
-        fields: dict[str, Any] = {"step": step, "step_time_s": elapsed, "compute_s": max(0.0, elapsed - comm_wait)}
+        entry: dict[str, Any] = {
+            "step": step, "t": time.time(), "step_time_s": elapsed, "compute_s": max(0.0, elapsed - comm_wait)
+        }
         if self.is_main:
             metrics = dict(self._metrics, step_time_s=elapsed, comm_wait_s=comm_wait, data_wait_s=self._data_wait)
             if samples_per_step:
                 metrics["samples_per_s"] = samples_per_step / elapsed
-            fields["metrics"] = metrics
-        self.reporter.send("progress", **fields)
+            entry["metrics"] = metrics
+        self._progress.append(entry)
         self._metrics = {}
         self._data_wait = 0.0
+        if entry["t"] - self._progress[0]["t"] >= PROGRESS_BATCH_S:
+            self._flush_progress()
+
+    def _flush_progress(self) -> None:
+        if self._progress:
+            self.reporter.send("progress", steps=self._progress)
+            self._progress = []
 
     def _pick_device(self) -> torch.device:
         if self.config.comm_backend == "nccl" and torch.cuda.is_available():
@@ -225,6 +240,7 @@ class Run:
         def report(kind, value, tb):
             # torchrun's own error file (TORCHELASTIC_ERROR_FILE), so its failure report names the cause
             ErrorHandler().record_exception(value)
+            self._flush_progress()
             self.reporter.send(
                 "error",
                 type=kind.__name__,

@@ -81,31 +81,33 @@ def _param_hash(model: torch.nn.Module) -> int:
 
 
 class CommTimer:
-    """Time each step spends waiting in DDP's gradient all-reduce (a comm hook around it)."""
+    """Time a step spends in DDP's gradient all-reduce, as DDP itself samples it (its runtime
+    logging times backward communication every so many iterations): no hook on the hot path."""
+
+    REFRESH_EVERY = 10  # steps between reads of DDP's sampled figures
 
     def __init__(self):
-        self.waiting_s = 0.0
+        self._model = None
+        self._last = 0.0
+        self._calls = 0
 
     def attach(self, model: torch.nn.Module) -> bool:
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         from torch.nn.parallel import DistributedDataParallel
 
         if not isinstance(model, DistributedDataParallel):
             return False
-
-        def timed_allreduce(process_group, bucket):
-            started = time.perf_counter()
-            future = default_hooks.allreduce_hook(process_group, bucket)
-
-            def done(fut):
-                self.waiting_s += time.perf_counter() - started
-                return fut.value()
-
-            return future.then(done)
-
-        model.register_comm_hook(None, timed_allreduce)
+        self._model = model
         return True
 
     def take(self) -> float:
-        waited, self.waiting_s = self.waiting_s, 0.0
-        return waited
+        """The latest sampled communication time of one backward pass, in seconds."""
+        if self._model is None:
+            return 0.0
+        self._calls += 1
+        if self._calls % self.REFRESH_EVERY == 1:
+            try:
+                figures = self._model._get_ddp_logging_data()
+                self._last = figures.get("backward_comm_time", 0) / 1e9
+            except (AttributeError, RuntimeError):
+                self._model = None
+        return self._last
