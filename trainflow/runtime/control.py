@@ -81,33 +81,31 @@ def _param_hash(model: torch.nn.Module) -> int:
 
 
 class CommTimer:
-    """Time a step spends in DDP's gradient all-reduce, as DDP itself samples it (its runtime
-    logging times backward communication every so many iterations): no hook on the hot path."""
-
-    REFRESH_EVERY = 10  # steps between reads of DDP's sampled figures
+    """When this rank's gradients were ready: a minimal DDP comm hook stamps the time each bucket
+    is handed to the all-reduce. Time before the last stamp is this rank's own compute; time after
+    it is spent waiting for the other ranks in the all-reduce (and in the optimizer step). A
+    straggler computes long and waits little; the others wait for it."""
 
     def __init__(self):
-        self._model = None
-        self._last = 0.0
-        self._calls = 0
+        self.ready_at: float | None = None
 
     def attach(self, model: torch.nn.Module) -> bool:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         from torch.nn.parallel import DistributedDataParallel
 
         if not isinstance(model, DistributedDataParallel):
             return False
-        self._model = model
+
+        def stamped_allreduce(process_group, bucket):
+            self.ready_at = time.perf_counter()
+            return default_hooks.allreduce_hook(process_group, bucket)
+
+        model.register_comm_hook(None, stamped_allreduce)
         return True
 
-    def take(self) -> float:
-        """The latest sampled communication time of one backward pass, in seconds."""
-        if self._model is None:
+    def take(self, began: float, ended: float) -> float:
+        """Seconds of the step from the last gradient bucket being ready to the step's end."""
+        ready, self.ready_at = self.ready_at, None
+        if ready is None or not began <= ready <= ended:
             return 0.0
-        self._calls += 1
-        if self._calls % self.REFRESH_EVERY == 1:
-            try:
-                figures = self._model._get_ddp_logging_data()
-                self._last = figures.get("backward_comm_time", 0) / 1e9
-            except (AttributeError, RuntimeError):
-                self._model = None
-        return self._last
+        return ended - ready
