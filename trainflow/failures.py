@@ -27,9 +27,6 @@ class Outcome(str, Enum):
     CANCELLED = "CANCELLED"
 
 
-RETRYABLE = {Outcome.CRASHED, Outcome.KILLED, Outcome.HUNG, Outcome.NODE_LOST, Outcome.PREEMPTED,
-             Outcome.DIVERGED, Outcome.INFRA}
-
 
 @dataclass
 class AttemptResult:

@@ -200,3 +200,9 @@ def test_root_cause_exitcode_is_read_from_torchruns_failure_report(tmp_path):
     )
     assert root_cause_exitcode(log) == -9
     assert root_cause_exitcode(tmp_path / "missing.log") is None
+
+
+def test_every_failure_kind_the_policy_names_is_an_outcome():
+    from trainflow.spec import FailureKind
+
+    assert {k.value for k in FailureKind} <= {o.value for o in Outcome}
