@@ -130,9 +130,8 @@ class Run:
             began = time.perf_counter()
             self.step = step
             yield step
-            ended = time.perf_counter()
-            elapsed = ended - began
-            self._report_step(step, elapsed, self._comm.take(began, ended), samples_per_step)
+            elapsed = time.perf_counter() - began
+            self._report_step(step, elapsed, self._comm.take(), samples_per_step)
             checkpoint_due = step % self.config.every_steps == 0 or step == self.total_steps
             if checkpoint_due or self._control.due(step):
                 # before saving: a checkpoint must never capture diverged replicas

@@ -81,13 +81,10 @@ def _param_hash(model: torch.nn.Module) -> int:
 
 
 class CommTimer:
-    """When this rank's gradients were ready: a minimal DDP comm hook stamps the time each bucket
-    is handed to the all-reduce. Time before the last stamp is this rank's own compute; time after
-    it is spent waiting for the other ranks in the all-reduce (and in the optimizer step). A
-    straggler computes long and waits little; the others wait for it."""
+    """Time each step spends waiting in DDP's gradient all-reduce (a comm hook around it)."""
 
     def __init__(self):
-        self.ready_at: float | None = None
+        self.waiting_s = 0.0
 
     def attach(self, model: torch.nn.Module) -> bool:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -96,16 +93,19 @@ class CommTimer:
         if not isinstance(model, DistributedDataParallel):
             return False
 
-        def stamped_allreduce(process_group, bucket):
-            self.ready_at = time.perf_counter()
-            return default_hooks.allreduce_hook(process_group, bucket)
+        def timed_allreduce(process_group, bucket):
+            started = time.perf_counter()
+            future = default_hooks.allreduce_hook(process_group, bucket)
 
-        model.register_comm_hook(None, stamped_allreduce)
+            def done(fut):
+                self.waiting_s += time.perf_counter() - started
+                return fut.value()
+
+            return future.then(done)
+
+        model.register_comm_hook(None, timed_allreduce)
         return True
 
-    def take(self, began: float, ended: float) -> float:
-        """Seconds of the step from the last gradient bucket being ready to the step's end."""
-        ready, self.ready_at = self.ready_at, None
-        if ready is None or not began <= ready <= ended:
-            return 0.0
-        return ended - ready
+    def take(self) -> float:
+        waited, self.waiting_s = self.waiting_s, 0.0
+        return waited
