@@ -102,8 +102,11 @@ def under_trainflow(env: dict, overrides: list[str] = ()) -> dict:
 def drills(env: dict) -> dict:
     reports = {}
     for kind in DRILLS:
-        extra = [] if kind != "storage-outage" else ["--set", f"checkpoint.uri=s3://{env['BENCH_BUCKET']}/drill",
-                                                     "--duration", "5"]
+        extra = {
+            "storage-outage": ["--set", f"checkpoint.uri=s3://{env['BENCH_BUCKET']}/drill", "--duration", "5"],
+            # a straggler needs steps left to straggle through after the injection starts
+            "straggler": ["--set", "workload.steps=600", "--set", "checkpoint.every_steps=100", "--duration", "6"],
+        }.get(kind, [])
         try:
             report = last_json(["drill", SPEC, "--fault", kind, "--at-step", "30", *DRILL_JOB, *extra, "--json"], env)
         except (RuntimeError, subprocess.SubprocessError, ValueError) as exc:
@@ -111,6 +114,7 @@ def drills(env: dict) -> dict:
             continue
         reports[kind] = {k: report[k] for k in ("detected_kind", "detection_latency_s", "recovery_s", "lost_steps",
                                                 "resumed_from_step", "params_match_baseline", "resources_released",
+                                                "injected_at_step", "detected_at_step",
                                                 "goodput", "passed", "outcomes")}
     return reports
 
@@ -178,7 +182,7 @@ def markdown(results: dict) -> str:
         "(the background writes compete with training for this machine's 2 cores; see Checkpoints). "
         f"torchrun's own worker restart, restoring nothing: {results['torchrun_restart_s']:.2f} s.",
         "",
-        "## Drills (80 steps, checkpoint every 10, fault at step 30)",
+        "## Drills (80 steps, checkpoint every 10, fault at step 30; the straggler: 600 steps, checkpoint every 100)",
         "",
         "| fault | detected as | detection (s) | recovery (s) | recovery / torchrun | lost steps | exact resume | released |",
         "|---|---|---|---|---|---|---|---|",

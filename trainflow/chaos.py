@@ -91,6 +91,7 @@ def inject(plan: FaultPlan, handle: AttemptHandle, channel: StatusServer, alloca
         record.detail["skipped"] = f"the attempt ended before step {plan.at_step}"
         return record
     kind = plan.kind
+    record.detail["step"] = channel.snapshot().min_step()  # the injection waits on a Prefect task; it may start late
     if kind in (FaultKind.crash, FaultKind.kill, FaultKind.hang, FaultKind.straggler):
         rank = plan.target_rank(world_size)
         pid = worker_pid(channel, rank)
@@ -138,15 +139,17 @@ def inject(plan: FaultPlan, handle: AttemptHandle, channel: StatusServer, alloca
     return record
 
 
-def _slow_down(pid: int, duration_s: float, handle: AttemptHandle, period_s: float = 0.02) -> None:
-    """Make one rank a straggler: freeze it half of every period, from outside, for a while."""
+def _slow_down(pid: int, duration_s: float, handle: AttemptHandle, frozen_s: float = 0.015,
+               running_s: float = 0.005) -> None:
+    """Make one rank a straggler, as a throttled host would: from outside, freeze it for three
+    quarters of every 20 ms, for a while."""
     end = time.monotonic() + duration_s
     try:
         while time.monotonic() < end and all(p.poll() is None for p in handle.processes.values()):
             os.kill(pid, signal.SIGSTOP)
-            time.sleep(period_s)
+            time.sleep(frozen_s)
             os.kill(pid, signal.SIGCONT)
-            time.sleep(period_s)
+            time.sleep(running_s)
     except ProcessLookupError:
         pass
     finally:

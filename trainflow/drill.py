@@ -81,14 +81,16 @@ def drill_report(plan: FaultPlan, summary: dict, baseline: dict, torchrun_restar
     injected_at = fault.get("injected_at")
     failed = attempts[0] if attempts and attempts[0]["outcome"] != "SUCCEEDED" else None
     retry = attempts[1] if len(attempts) > 1 else None
-    detected_kind, latency = None, None
+    detected_kind, latency, detected_at_step = None, None, None
     if failed is not None:
         detected_kind = failed["outcome"]
+        detected_at_step = failed.get("last_step")
         detected_at = failed["ended_at"] if failed.get("detected_at") is None else failed["detected_at"]
         latency = None if injected_at is None else round(detected_at - injected_at, 3)
     elif summary.get("stragglers"):
         first = summary["stragglers"][0]
         detected_kind = "STRAGGLER"
+        detected_at_step = first["step"]
         latency = None if injected_at is None else round(first["t"] - injected_at, 3)
     recovery = retry["recovery_s"] if retry else None
     report = {
@@ -96,8 +98,10 @@ def drill_report(plan: FaultPlan, summary: dict, baseline: dict, torchrun_restar
         "injected": bool(fault.get("injected")),
         "target": fault.get("target"),
         "at_step": plan.at_step,
+        "injected_at_step": (fault.get("detail") or {}).get("step"),
         "detected_kind": detected_kind,
         "detection_latency_s": latency,
+        "detected_at_step": detected_at_step,
         "recovery_s": recovery,
         "torchrun_restart_s": None if torchrun_restart_s is None else round(torchrun_restart_s, 3),
         "recovery_vs_torchrun": (

@@ -63,8 +63,12 @@ def test_process_faults_are_detected_recovered_and_resumed_exactly(drill_env, fa
 
 
 def test_straggler_is_reported_while_training_continues(drill_env):
-    report = drill(drill_env, "straggler", "--rank", "1", "--duration", "6")
-    assert report["detected_kind"] == "STRAGGLER"
+    # long enough that the slowed rank still has hundreds of steps to go when the injection starts
+    # (it waits on a Prefect task, which can start a second late on a busy machine)
+    longer = ["--set", "workload.steps=600", "--set", "checkpoint.every_steps=100"]
+    report = drill(drill_env, "straggler", "--rank", "1", "--duration", "6", *longer)
+    assert report["detected_kind"] == "STRAGGLER", report
+    assert report["detected_at_step"] > report["injected_at_step"] >= 30
     assert report["outcomes"] == ["SUCCEEDED"]
     assert report["params_match_baseline"] is True
 
