@@ -37,7 +37,8 @@ from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 from trainflow.checkpoint.storage import open_storage
 from trainflow.runtime import exit_codes
 from trainflow.runtime.checkpointing import Checkpointer, Stateful
-from trainflow.runtime.control import CommTimer, ControlPlane
+from trainflow.runtime.comm_timer import CommTimer
+from trainflow.runtime.control import ControlPlane
 from trainflow.runtime.resources import ResourceSampler
 from trainflow.runtime.reporter import StatusReporter
 from trainflow.runtime.state import params_sha256, seed_everything
@@ -125,13 +126,14 @@ class Run:
         """Yield the steps after `start` up to the job's total; reports progress, checkpoints, and
         at control points stops cleanly on preemption or replica divergence."""
         if self._state is not None:
-            self._comm.attach(self._state.model)
+            self._comm.attach(self._state.model, self._state.optimizer)
         for step in range(start + 1, self.total_steps + 1):
             began = time.perf_counter()
             self.step = step
             yield step
-            elapsed = time.perf_counter() - began
-            self._report_step(step, elapsed, self._comm.take(), samples_per_step)
+            ended = time.perf_counter()
+            elapsed = ended - began
+            self._report_step(step, elapsed, self._comm.take(began, ended), samples_per_step)
             checkpoint_due = step % self.config.every_steps == 0 or step == self.total_steps
             if checkpoint_due or self._control.due(step):
                 # before saving: a checkpoint must never capture diverged replicas

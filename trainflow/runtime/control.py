@@ -1,4 +1,4 @@
-"""The workers' control point: agree on a preemption, compare replicas, time communication.
+"""The workers' control point: agree on a preemption, compare replicas.
 
 At a control point every rank shares two numbers over a CPU (gloo) group: "I was asked to stop"
 and a hash of its parameters (on divergence-check steps). Control points come every step while
@@ -78,34 +78,3 @@ class ControlPlane:
 def _param_hash(model: torch.nn.Module) -> int:
     named = {name: p.detach() for name, p in model.named_parameters()}
     return int(params_sha256(named)[:15], 16)
-
-
-class CommTimer:
-    """Time each step spends waiting in DDP's gradient all-reduce (a comm hook around it)."""
-
-    def __init__(self):
-        self.waiting_s = 0.0
-
-    def attach(self, model: torch.nn.Module) -> bool:
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        from torch.nn.parallel import DistributedDataParallel
-
-        if not isinstance(model, DistributedDataParallel):
-            return False
-
-        def timed_allreduce(process_group, bucket):
-            started = time.perf_counter()
-            future = default_hooks.allreduce_hook(process_group, bucket)
-
-            def done(fut):
-                self.waiting_s += time.perf_counter() - started
-                return fut.value()
-
-            return future.then(done)
-
-        model.register_comm_hook(None, timed_allreduce)
-        return True
-
-    def take(self) -> float:
-        waited, self.waiting_s = self.waiting_s, 0.0
-        return waited
