@@ -57,6 +57,7 @@ def watch_attempt(
         resumed_from_step=resumed_from_step,
         on_metrics=on_metrics,
         on_event=on_event,
+        step_metrics_every_s=spec.tracking.step_metrics_every_s,
     )
     try:
         result = watcher.run()

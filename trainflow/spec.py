@@ -248,6 +248,12 @@ class Tracking(Section):
         title="Tags",
         description="Extra MLflow tags, e.g. owner and team, so device-hours can be attributed.",
     )
+    step_metrics_every_s: Annotated[float, Field(ge=0, le=3600)] = Field(
+        default=0.1,
+        title="Step metrics every (s)",
+        description="Steps faster than this are recorded as their mean over this interval, at its last "
+        "step; slower steps one by one (0: every step).",
+    )
 
 
 class LaunchApi(str, Enum):

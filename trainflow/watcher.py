@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from trainflow.backends import AttemptHandle, Launcher
 from trainflow.failures import AttemptResult, Outcome, classify_exit
 from trainflow.status import AttemptStatus, StatusServer
+from trainflow.step_metrics import MetricRows, StepMetricWindow
 
 HANG_FLOOR_S = 30.0
 HANG_STEP_FACTOR = 20.0
@@ -41,8 +42,6 @@ class WatchLimits:
         return max(HANG_FLOOR_S, HANG_STEP_FACTOR * slowest)
 
 
-MetricRows = list[tuple[str, float, int, float]]
-
 
 class AttemptWatcher:
     def __init__(
@@ -55,6 +54,7 @@ class AttemptWatcher:
         resumed_from_step: int,
         on_metrics: Callable[[MetricRows], None],
         on_event: Callable[[dict], None],
+        step_metrics_every_s: float = 0.0,
     ):
         self.launcher = launcher
         self.handle = handle
@@ -65,6 +65,7 @@ class AttemptWatcher:
         self.on_metrics = on_metrics
         self.on_event = on_event
         self._pending: MetricRows = []
+        self._window = StepMetricWindow(step_metrics_every_s)
         self._flushed_at = time.monotonic()
         self._scored_at = time.monotonic()
         self.stragglers: dict[int, dict] = {}
@@ -82,6 +83,7 @@ class AttemptWatcher:
                 time.sleep(poll_s)
         finally:
             self._pump()
+            self._pending.extend(self._window.close())
             self._flush()
 
     def _check(self) -> AttemptResult | None:
@@ -214,7 +216,7 @@ class AttemptWatcher:
                     self.totals[key] = self.totals.get(key, 0.0) + metrics[key]
             self.totals["steps"] = self.totals.get("steps", 0) + ("step_time_s" in metrics)
             self.step_time_total = self.totals.get("step_time_s", 0.0)
-            self._pending.extend((key, value, step, t) for key, value in metrics.items())
+            self._pending.extend(self._window.add(step, t, metrics))
         while True:
             try:
                 event = self.channel.events.get_nowait()

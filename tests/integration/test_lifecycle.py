@@ -28,7 +28,9 @@ def first_run(tmp_path_factory, prefect_api, s3_endpoint):
     home = tmp_path_factory.mktemp("home")
     env = {**os.environ, **s3_environment(s3_endpoint), "TRAINFLOW_HOME": str(home), "PREFECT_API_URL": prefect_api}
     uri = unique_prefix()
-    result = run_cli(["run", SPEC, *STEPS, "--set", f"checkpoint.uri={uri}", "--json"], env)
+    # every step's metrics recorded (by default steps this fast are averaged over 0.1 s)
+    every_step = ["--set", "tracking.step_metrics_every_s=0"]
+    result = run_cli(["run", SPEC, *STEPS, *every_step, "--set", f"checkpoint.uri={uri}", "--json"], env)
     assert result.returncode == 0, result.stderr[-4000:]
     return {"env": env, "uri": uri, "summary": summary_of(result), "result": result}
 
