@@ -59,7 +59,7 @@ from trainflow.runtime.state import capture_rng, join_tensors, restore_rng, spli
 from trainflow.worker_config import WorkerConfig
 
 SHARED_STATE = "state.json"
-BACKGROUND_NICENESS = 10  # how far below training the background save runs (see _yield_to_training)
+BACKGROUND_NICENESS = 19  # how far below training the background save runs (see _yield_to_training)
 
 
 class CheckpointInvalid(RuntimeError):
