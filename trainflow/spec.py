@@ -130,10 +130,11 @@ class Checkpoint(Section):
         description="Also keep every checkpoint whose step is a multiple of N, for good (0: off).",
     )
     snapshot_every_s: Annotated[float, Field(ge=0, le=86400)] = Field(
-        default=0,
+        default=60,
         title="Snapshot every (s)",
         description="Copy a checkpoint from node-local disk to the checkpoint URI at most this often "
-        "(0: every checkpoint). The first of an attempt and the last step always go.",
+        "(0: every checkpoint); a lost node costs at most this much training. The first of an attempt, "
+        "kept steps, the last step and a preemption's always go.",
     )
     local_tier: bool = Field(
         default=True,

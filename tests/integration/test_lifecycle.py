@@ -17,7 +17,9 @@ from tests.integration.conftest import (
 pytestmark = pytest.mark.integration
 
 SPEC = "examples/digits/spec.yaml"
-STEPS = ["--set", "workload.steps=40", "--set", "checkpoint.every_steps=10", "--set", "checkpoint.keep_last=3"]
+# every checkpoint also a snapshot (by default at most one a minute goes to S3), so retention shows there
+STEPS = ["--set", "workload.steps=40", "--set", "checkpoint.every_steps=10", "--set", "checkpoint.keep_last=3",
+         "--set", "checkpoint.snapshot_every_s=0"]
 
 
 @pytest.fixture(scope="module")

@@ -21,12 +21,15 @@ Figures (medians over several saves and transfers; throughput rounds alternate w
   s3_restore_MBps          download of the committed checkpoint's files by a restore
   raw_boto3_download_MBps  a plain `download_file` of the same bytes, boto3's defaults
   verify_s                 sha256 of every restored file against the manifest
-  step_overhead_pct        training time of `checkpoint.every_steps` steps (the spec's default) with a
-                           checkpoint under the default snapshot policy — its stall, the slower steps
-                           while it runs in the background, and any of it left at the interval's end —
-                           over the same steps without; the median over alternating intervals.
-                           step_overhead_local_pct: the same for checkpoints that stay on the
-                           node-local tier (those between snapshots when snapshot_every_s > 0)
+  step_overhead_pct        what checkpoints at the spec's defaults cost training over a long run: every
+                           `checkpoint.every_steps` steps a save to the local tier, and at most every
+                           `checkpoint.snapshot_every_s` one that is also uploaded — the two measured
+                           below, weighted by how many intervals of each the defaults make
+  step_overhead_local_pct  training time of `every_steps` steps with a checkpoint that stays on the
+                           node-local tier — its stall, the slower steps while it runs in the
+                           background, and any of it left at the interval's end — over the same steps
+                           without; the median over alternating intervals
+  step_overhead_snapshot_pct  the same for a checkpoint that is also uploaded to S3
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from pathlib import Path
 MB = 1 << 20
 WIDTH = 1024  # the MLP's layers are WIDTH x WIDTH, float32: 4 MiB of parameters and 4 of momentum each
 BUCKET = "trainflow-bench"
-SERVER_NICENESS = 10
+SERVER_NICENESS = 19
 
 TARGETS = {
     # figure: (what is compared, how it reads, passes)
@@ -102,7 +105,7 @@ def _measure(options: Options, uri: str, endpoint: str, work: Path, log) -> dict
         checkpoint_uri=uri, every_steps=defaults.every_steps, total_steps=10**9, seed=0, spec_hash="0" * 64,
         code_version="bench", comm_backend="gloo", collective_timeout_s=600.0, heartbeat_interval_s=1.0,
         orchestrator_timeout_s=60.0, node_scratch=str(work / "node-0"),
-        snapshot_every_s=defaults.snapshot_every_s, keep_every_steps=0, local_tier=defaults.local_tier,
+        snapshot_every_s=0.0, keep_every_steps=0, local_tier=defaults.local_tier,  # every save uploads
     )
     events: list[dict] = []
     storage = open_storage(uri)
@@ -189,9 +192,9 @@ def _measure(options: Options, uri: str, endpoint: str, work: Path, log) -> dict
     every = config.every_steps
     log(f"training throughput: {options.pairs} x {every} steps without, then with a checkpoint (and its wait)")
     plain_s: list[float] = []
-    overheads: dict[str, list[float]] = {"default": [], "local": []}
+    overheads: dict[str, list[float]] = {"snapshot": [], "local": []}
     for _ in range(options.pairs):  # interval by interval, alternating, so other load hits both alike
-        for kind, checkpointer in (("default", saver), ("local", local_only)):
+        for kind, checkpointer in (("snapshot", saver), ("local", local_only)):
             began = time.perf_counter()
             train(every)
             plain = time.perf_counter() - began
@@ -227,8 +230,11 @@ def _measure(options: Options, uri: str, endpoint: str, work: Path, log) -> dict
         "restore_s": _median(totals),
         "step_time_s": round(statistics.median(plain_s) / every, 4),
         "checkpoint_every_steps": every,
-        "step_overhead_pct": round(100.0 * statistics.median(overheads["default"]), 2),
+        "snapshot_every_s": defaults.snapshot_every_s,
+        "step_overhead_pct": round(100.0 * _default_overhead(overheads, statistics.median(plain_s),
+                                                            defaults.snapshot_every_s), 2),
         "step_overhead_local_pct": round(100.0 * statistics.median(overheads["local"]), 2),
+        "step_overhead_snapshot_pct": round(100.0 * statistics.median(overheads["snapshot"]), 2),
         "failed_saves": len(failed),
     }
     ratios = {
@@ -259,8 +265,10 @@ def render(figures: dict) -> str:
         ("S3 restore", f"{figures['s3_restore_MBps']:.0f} MiB/s (raw boto3 {figures['raw_boto3_download_MBps']:.0f})"),
         ("verify", f"{figures['verify_s']:.3f} s (whole restore {figures['restore_s']:.2f} s)"),
         ("step overhead", f"{figures['step_overhead_pct']:.1f} % (checkpoint every {figures['checkpoint_every_steps']} "
-                          f"steps of {figures['step_time_s'] * 1000:.0f} ms; "
-                          f"{figures['step_overhead_local_pct']:.1f} % for one kept on the local tier)"),
+                          f"steps of {figures['step_time_s'] * 1000:.0f} ms, snapshot at most every "
+                          f"{figures['snapshot_every_s']:g} s; an interval ending in a local checkpoint "
+                          f"{figures['step_overhead_local_pct']:.1f} %, in a snapshot "
+                          f"{figures['step_overhead_snapshot_pct']:.1f} %)"),
     ]
     lines = [f"  {name:<14} {value}" for name, value in rows]
     lines.append("targets:")
@@ -268,6 +276,14 @@ def render(figures: dict) -> str:
         mark = "met" if target["met"] else "NOT MET"
         lines.append(f"  {name:<14} {target['measure']} = {target['value']} (target {target['target']}): {mark}")
     return "\n".join(lines)
+
+
+def _default_overhead(overheads: dict[str, list[float]], interval_s: float, snapshot_every_s: float) -> float:
+    """Over a long run at the defaults, one interval in every snapshot_every_s / interval_s ends
+    in a snapshot, the others in a checkpoint that stays on the local tier."""
+    local, snapshot = statistics.median(overheads["local"]), statistics.median(overheads["snapshot"])
+    share = 1.0 if snapshot_every_s <= 0 else min(1.0, interval_s / snapshot_every_s)
+    return local + (snapshot - local) * share
 
 
 def _median(values: list[float]) -> float:
