@@ -21,10 +21,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+from trainflow.bench.checkpoint import SERVER_NICENESS
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SPEC = "examples/digits/spec.yaml"
-STEPS = 600
+STEPS = 2000
 EXTRA: list[str] = []  # extra --set overrides for the throughput run
 DRILLS = ["crash", "kill", "hang", "preempt", "node-loss", "straggler", "corrupt-checkpoint", "storage-outage"]
 DRILL_JOB = ["--set", "workload.steps=80", "--set", "checkpoint.every_steps=10", "--set",
@@ -39,9 +41,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start(cmd: list[str], env: dict, health: str, log: Path) -> subprocess.Popen:
+def start(cmd: list[str], env: dict, health: str, log: Path, niceness: int = 0) -> subprocess.Popen:
     out = open(log, "wb")
-    proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=(lambda: os.nice(niceness)) if niceness else None)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -70,9 +73,11 @@ def last_json(args: list[str], env: dict, timeout_s: float = 900) -> dict:
     return json.loads(lines[-1])
 
 
-def steps_per_s(stamps: list[float], skip: int = 20) -> float:
-    stamps = sorted(stamps)[skip:]
-    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+def steps_per_s(points: list[tuple[int, float]], skip: int = 20) -> float:
+    """Training steps per second from (step, unix time) pairs, after the first `skip` steps."""
+    points = sorted(p for p in points if p[0] > skip)
+    (first_step, first_t), (last_step, last_t) = points[0], points[-1]
+    return (last_step - first_step) / (last_t - first_t)
 
 
 def bare_torchrun(home: Path) -> dict:
@@ -85,7 +90,8 @@ def bare_torchrun(home: Path) -> dict:
         check=True, capture_output=True, timeout=600,
     )
     timings = json.loads(out.read_text())
-    return {"steps_per_s": steps_per_s(timings["stamps"]), "startup_s": timings["stamps"][0] - launched}
+    points = list(enumerate(timings["stamps"], start=1))
+    return {"steps_per_s": steps_per_s(points), "startup_s": timings["stamps"][0] - launched}
 
 
 def under_trainflow(env: dict, overrides: list[str] = ()) -> dict:
@@ -94,8 +100,9 @@ def under_trainflow(env: dict, overrides: list[str] = ()) -> dict:
     launched = time.time()
     summary = last_json(["run", SPEC, "--set", f"workload.steps={STEPS}", *EXTRA, *overrides, "--json"], env)
     history = MlflowClient(summary["tracking_uri"]).get_metric_history(summary["mlflow_run_id"], "loss")
-    stamps = [m.timestamp / 1000 for m in history]
-    return {"steps_per_s": steps_per_s(stamps), "startup_s": min(stamps) - launched, "goodput": summary["goodput"],
+    points = [(m.step, m.timestamp / 1000) for m in history]
+    return {"steps_per_s": steps_per_s(points), "startup_s": min(t for _, t in points) - launched,
+            "goodput": summary["goodput"],
             "checkpoint_share": summary["costs"]["checkpoint_share"]}
 
 
@@ -228,7 +235,8 @@ def main() -> None:
         prefect = start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
                         base_env, f"http://127.0.0.1:{prefect_port}/api/health", home / "prefect.log")
         s3 = start([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(s3_port)], base_env,
-                   f"http://127.0.0.1:{s3_port}/moto-api/", home / "moto.log")
+                   f"http://127.0.0.1:{s3_port}/moto-api/", home / "moto.log",
+                   niceness=SERVER_NICENESS)  # it stands in for storage that is not on the training machine
         try:
             env = {**base_env, "TRAINFLOW_HOME": str(home / "home"), "PREFECT_API_URL":
                    f"http://127.0.0.1:{prefect_port}/api", "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{s3_port}",
