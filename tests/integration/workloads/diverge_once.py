@@ -6,9 +6,8 @@ from __future__ import annotations
 import argparse
 
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-import trainflow.runtime as tf
+from tiny_ddp import train
 
 
 def main() -> None:
@@ -16,21 +15,12 @@ def main() -> None:
     parser.add_argument("--at-step", type=int, required=True)
     args = parser.parse_args()
 
-    run = tf.init()
-    torch.manual_seed(run.seed)
-    model = DDP(torch.nn.Linear(8, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    start = run.restore(model=model, optimizer=optimizer)
-    for step in run.steps(start):
-        loss = model(torch.randn(4, 8)).pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        run.log(loss=loss.item())
+    def after_step(run, model, step: int) -> None:
         if step == args.at_step and run.rank == 1 and run.config.attempt == 1:
             with torch.no_grad():
                 model.module.bias.add_(1e-3)
-    run.finish()
+
+    train(after_step)
 
 
 if __name__ == "__main__":

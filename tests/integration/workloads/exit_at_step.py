@@ -6,10 +6,7 @@ import argparse
 import os
 import sys
 
-import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-import trainflow.runtime as tf
+from tiny_ddp import train
 
 
 def main() -> None:
@@ -19,21 +16,12 @@ def main() -> None:
     parser.add_argument("--exit-code", type=int, default=3)
     args = parser.parse_args()
 
-    run = tf.init()
-    torch.manual_seed(run.seed)
-    model = DDP(torch.nn.Linear(8, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    start = run.restore(model=model, optimizer=optimizer)
-    for step in run.steps(start):
-        loss = model(torch.randn(4, 8)).pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        run.log(loss=loss.item())
+    def after_step(run, model, step: int) -> None:
         if step == args.exit_at_step and run.rank == args.exit_rank:
             print(f"exiting with {args.exit_code} at step {step} (pid {os.getpid()})", flush=True)
             sys.exit(args.exit_code)
-    run.finish()
+
+    train(after_step)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-import trainflow.runtime as tf
+from tiny_ddp import train
 
 
 def main() -> None:
@@ -19,22 +16,13 @@ def main() -> None:
     parser.add_argument("--marker", type=Path, required=True)
     args = parser.parse_args()
 
-    run = tf.init()
-    torch.manual_seed(run.seed)
-    model = DDP(torch.nn.Linear(8, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    start = run.restore(model=model, optimizer=optimizer)
-    for step in run.steps(start):
-        loss = model(torch.randn(4, 8)).pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        run.log(loss=loss.item())
+    def after_step(run, model, step: int) -> None:
         if step == args.fail_at_step and run.rank == 1 and not args.marker.exists():
             args.marker.touch()
             print(f"failing once at step {step}", flush=True)
             sys.exit(3)
-    run.finish()
+
+    train(after_step)
 
 
 if __name__ == "__main__":
