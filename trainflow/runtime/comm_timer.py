@@ -22,7 +22,6 @@ class CommTimer:
     def __init__(self):
         self.grads_ready_at: float | None = None
         self.optimizer_at: float | None = None
-        self._handles: list = []
 
     def attach(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> bool:
         from torch.nn.parallel import DistributedDataParallel
@@ -32,9 +31,9 @@ class CommTimer:
         first = next((p for p in model.parameters() if p.requires_grad), None)
         if first is None:
             return False
-        self._handles.append(first.register_post_accumulate_grad_hook(self._grads_ready))
+        first.register_post_accumulate_grad_hook(self._grads_ready)
         if optimizer is not None:
-            self._handles.append(optimizer.register_step_pre_hook(self._optimizer_starts))
+            optimizer.register_step_pre_hook(self._optimizer_starts)
         return True
 
     def _grads_ready(self, _parameter) -> None:
