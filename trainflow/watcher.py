@@ -42,7 +42,6 @@ class WatchLimits:
         return max(HANG_FLOOR_S, HANG_STEP_FACTOR * slowest)
 
 
-
 class AttemptWatcher:
     def __init__(
         self,
