@@ -10,6 +10,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from trainflow.private_files import private_folder, write_private
+
 CONFIG_ENV = "TRAINFLOW_WORKER_CONFIG"
 JOB_ENV = "TRAINFLOW_JOB"  # marks every process of a job, so teardown can find survivors
 
@@ -39,9 +41,9 @@ class WorkerConfig:
     local_tier: bool = True  # checkpoint.local_tier: save to node-local disk first, restore from it
 
     def write(self, path: Path) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self), indent=1))
-        return path
+        """A new file readable by its owner only: it holds the status channel's token."""
+        private_folder(path.parent)
+        return write_private(path, json.dumps(asdict(self), indent=1))
 
     @classmethod
     def from_env(cls) -> WorkerConfig:

@@ -25,6 +25,7 @@ from trainflow.backends.netns import NetworkError, NodeNetwork
 from trainflow.backends.ports import free_port, is_listening
 from trainflow.backends.processes import describe, job_processes, signal_session, terminate, wait_until_gone
 from trainflow.backends.worker import worker_config
+from trainflow.private_files import open_private, private_folder
 from trainflow.worker_config import CONFIG_ENV, JOB_ENV
 
 LOOPBACK = "127.0.0.1"
@@ -63,7 +64,7 @@ class LocalLauncher:
 
     def provision(self, spec, run_id: str, scratch: Path) -> Allocation:
         self._check_capacity(spec)
-        scratch.mkdir(parents=True, exist_ok=True)
+        private_folder(scratch)  # worker configs (the status token), logs and node-local checkpoints
         allocation = Allocation(
             run_id=run_id,
             backend=self.name,
@@ -102,16 +103,17 @@ class LocalLauncher:
 
     def launch(self, spec, allocation: Allocation, plan: AttemptPlan) -> AttemptHandle:
         attempt_dir = allocation.scratch / f"attempt-{plan.attempt}"
-        attempt_dir.mkdir(parents=True, exist_ok=True)
+        private_folder(attempt_dir)
         nodes = spec.resources.nodes
         handle = AttemptHandle(attempt=plan.attempt, nodes=nodes, started_at=time.time(), logs={},
                                procs_per_node=spec.resources.procs_per_node)
         handle.slots = allocation.slots[:nodes]
         for node, slot in enumerate(handle.slots):
-            config = worker_config(spec, allocation.run_id, plan, node, allocation.scratch / f"node-{slot}")
+            node_scratch = private_folder(allocation.scratch / f"node-{slot}")
+            config = worker_config(spec, allocation.run_id, plan, node, node_scratch)
             config_path = config.write(attempt_dir / f"node-{node}.json")
             log_path = attempt_dir / f"node-{node}.log"
-            with open(log_path, "ab") as log:
+            with open(open_private(log_path, append=True), "ab") as log:
                 handle.processes[node] = subprocess.Popen(
                     self._command(spec, allocation, plan, node, slot, attempt_dir),
                     env=self._environment(spec, allocation, node, config_path),

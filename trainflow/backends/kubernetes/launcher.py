@@ -40,6 +40,7 @@ from trainflow.backends.kubernetes.workloads import (
     workload_api,
 )
 from trainflow.environment import PROJECT_ROOT
+from trainflow.private_files import private_folder
 from trainflow.spec import LaunchApi, RunSpec
 
 STATUS_HOST_ENV = "TRAINFLOW_STATUS_HOST"
@@ -136,7 +137,7 @@ class KubernetesLauncher:
         except ClusterError as exc:
             if exc.status != 409:  # 409: this run's Service exists already (provision retried)
                 raise ProvisionError(str(exc)) from None
-        scratch.mkdir(parents=True, exist_ok=True)
+        private_folder(scratch)
         allocation = Allocation(
             run_id=run_id,
             backend=self.name,
@@ -226,7 +227,7 @@ class KubernetesLauncher:
             raise LaunchError(f"attempt {plan.attempt} could not start: {exc}") from None
         nodes = spec.resources.nodes
         attempt_dir = allocation.scratch / f"attempt-{plan.attempt}"
-        attempt_dir.mkdir(parents=True, exist_ok=True)
+        private_folder(attempt_dir)
         container = PYTORCH_CONTAINER if spec.kubernetes.launch_api == LaunchApi.pytorchjob else CONTAINER
         handle = KubernetesAttempt(
             attempt=plan.attempt,
