@@ -37,7 +37,7 @@ def launch_attempt(
     spec: RunSpec, provisioned: Provisioned, environment: Environment, attempt: int, restore_from: Committed | None
 ) -> AttemptHandle:
     """Start every node of attempt `attempt`, resuming from `restore_from` when given."""
-    provisioned.channel.begin_attempt(attempt)
+    provisioned.channel.begin_attempt(attempt, world_size=spec.world_size)
     plan = AttemptPlan(
         attempt=attempt,
         status_address=provisioned.channel.address,

@@ -67,6 +67,7 @@ def test_progress_reaches_the_server(server, reporter):
 
 
 def test_close_delivers_what_is_queued(server, reporter):
+    server.begin_attempt(1, world_size=1)
     worker = reporter(rank=0, interval=5.0)
     for step in (1, 2, 3):
         worker.send("progress", steps=[{"step": step, "step_time_s": 0.01}])

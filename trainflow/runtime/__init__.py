@@ -198,14 +198,17 @@ class Run:
             self._metrics.update(self._checkpointer.take_metrics())
 
     def finish(self) -> None:
-        """Report the final parameters' hash and leave the process group."""
+        """Report finishing (rank 0: with the final parameters' hash) and leave the process group."""
         self._flush_progress()
         self._checkpointer.close()  # the save in flight finishes first
-        if self._state is not None and self.is_main:
-            model_sd = self._checkpointer.model_state(self._state)
-            self.reporter.send(
-                "finished", step=self.step, params_sha256=params_sha256(model_sd), loss=self._last_loss
-            )
+        if self._state is not None:
+            # every rank reports for itself: the orchestrator counts the attempt finished only
+            # once the whole world has, each from its own connection
+            report: dict[str, Any] = {"step": self.step}
+            if self.is_main:
+                model_sd = self._checkpointer.model_state(self._state)
+                report.update(params_sha256=params_sha256(model_sd), loss=self._last_loss)
+            self.reporter.send("finished", **report)
         dist.barrier()
         self.reporter.close()
         dist.destroy_process_group()
