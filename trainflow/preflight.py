@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from trainflow.checkpoint.storage import StorageError, open_storage
@@ -16,6 +17,9 @@ def preflight(spec: RunSpec) -> None:
         raise SpecError(f"workload.entrypoint: {entrypoint} not found (relative to {Path.cwd()})")
     if entrypoint.suffix != ".py":
         raise SpecError(f"workload.entrypoint: {entrypoint} is not a Python script")
+    unset = [name for name in spec.workload.secret_env if name not in os.environ]
+    if unset:
+        raise SpecError(f"workload.secret_env: {', '.join(unset)} not set in the orchestrator's environment")
     tracking = spec.tracking.uri
     if tracking and not tracking.startswith(("sqlite:///", "http://", "https://", "databricks", "postgresql", "mysql")):
         raise SpecError(f"tracking.uri: {tracking!r} is not a supported MLflow store (sqlite:///..., http(s)://...)")

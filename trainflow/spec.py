@@ -30,7 +30,15 @@ class Workload(Section):
     entrypoint: str = Field(
         title="Entrypoint", description="Training script run by every worker (path relative to the working directory)."
     )
-    args: list[str] = Field(default_factory=list, title="Arguments", description="Arguments passed to the script.")
+    args: list[str] = Field(
+        default_factory=list, title="Arguments",
+        description="Arguments passed to the script; recorded verbatim (spec, MLflow, Prefect), so never a secret.",
+    )
+    secret_env: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]] = Field(
+        default_factory=list, title="Secret environment variables",
+        description="Names of environment variables of the orchestrator handed to every worker at launch; "
+        "only the names are recorded, never the values.",
+    )
     steps: Annotated[int, Field(gt=0)] = Field(
         default=100, title="Steps", description="Total number of training steps of the job."
     )

@@ -24,7 +24,7 @@ from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, Node
 from trainflow.backends.netns import NetworkError, NodeNetwork
 from trainflow.backends.ports import free_port, is_listening
 from trainflow.backends.processes import describe, job_processes, signal_session, terminate, wait_until_gone
-from trainflow.backends.worker import worker_config
+from trainflow.backends.worker import secret_environment, worker_config
 from trainflow.private_files import open_private, private_folder
 from trainflow.worker_config import CONFIG_ENV, JOB_ENV
 
@@ -268,6 +268,7 @@ class LocalLauncher:
     @staticmethod
     def _environment(spec, allocation: Allocation, node: int, config_path: Path) -> dict[str, str]:
         env = dict(os.environ)
+        env.update(secret_environment(spec))  # explicitly, whatever else of this environment is passed on
         env.update(
             {
                 CONFIG_ENV: str(config_path),

@@ -1,7 +1,8 @@
-"""The worker configuration every backend hands to its workers."""
+"""The worker configuration every backend hands to its workers, and the secrets it must not hold."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from trainflow.backends.base import AttemptPlan
@@ -34,3 +35,16 @@ def worker_config(spec: RunSpec, run_id: str, plan: AttemptPlan, node: int, node
         keep_every_steps=spec.checkpoint.keep_every_steps,
         local_tier=spec.checkpoint.local_tier,
     )
+
+
+class SecretUnavailable(RuntimeError):
+    """A variable named in workload.secret_env is missing from the orchestrator's environment."""
+
+
+def secret_environment(spec: RunSpec) -> dict[str, str]:
+    """The variables of `workload.secret_env` with their values, read at launch from the
+    orchestrator's environment; only ever handed to the workers' environment, never recorded."""
+    missing = [name for name in spec.workload.secret_env if name not in os.environ]
+    if missing:
+        raise SecretUnavailable(f"workload.secret_env: {', '.join(missing)} not set in the orchestrator's environment")
+    return {name: os.environ[name] for name in spec.workload.secret_env}
