@@ -50,7 +50,7 @@ def spec_with(*overrides: str):
 
 def labelled_leftovers(cluster: KubeCluster, run_id: str) -> list[str]:
     selector = RunNames(run_id).selector()
-    kinds = [("v1", "Pod"), ("v1", "Service"), ("v1", "ConfigMap"), ("batch/v1", "Job")]
+    kinds = [("v1", "Pod"), ("v1", "Service"), ("v1", "Secret"), ("batch/v1", "Job")]
     return [f"{kind}/{doc['metadata']['name']}" for api, kind in kinds for doc in cluster.list(api, kind, NAMESPACE, selector)]
 
 

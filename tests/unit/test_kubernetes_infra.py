@@ -38,7 +38,8 @@ def test_rbac_is_namespaced_and_least_privilege():
         assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
         assert not {"escalate", "bind", "impersonate", "watch", "update", "patch"} & set(rule["verbs"])
         if "secrets" in rule["resources"]:
-            assert rule["verbs"] == ["get"]  # existence checks only; never list every secret
+            # existence checks and each attempt's own Secret, by name; never list every secret
+            assert rule["resources"] == ["secrets"] and rule["verbs"] == ["get", "create", "delete"]
     binding = docs[("RoleBinding", "trainflow-orchestrator")]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "trainflow-orchestrator"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainflow-orchestrator", "namespace": "trainflow"}]

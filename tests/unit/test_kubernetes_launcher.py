@@ -4,6 +4,7 @@ makes held against the least-privilege Role in infra/rbac.yaml (and every rule t
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,11 @@ def spec_for(*overrides: str):
                                *overrides])
 
 
+def worker_config_secrets(cluster: FakeCluster) -> list[dict]:
+    """The attempts' Secrets of worker configs (not the user's Secrets the spec names)."""
+    return [doc for doc in cluster.of_kind("Secret") if doc["metadata"]["name"].endswith("-config")]
+
+
 def secrets(cluster: FakeCluster, *names: str) -> None:
     for name in names:
         cluster.add({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": "trainflow"}})
@@ -87,8 +93,9 @@ def test_an_attempt_from_provision_to_release(cluster, tmp_path, api):
         "reference": f"registry.example.com/ml/trainflow@{DIGEST}", "repository": "registry.example.com/ml/trainflow",
         "tag": "v1", "digest": DIGEST, "built": False,
     }
-    [config_map] = cluster.of_kind("ConfigMap")
-    assert '"status_address": "10.8.0.4:41234"' in config_map["data"][sorted(config_map["data"])[0]]
+    assert not cluster.of_kind("ConfigMap")  # the configs hold the status token: a Secret
+    [config] = worker_config_secrets(cluster)
+    assert '"status_address": "10.8.0.4:41234"' in config["stringData"][sorted(config["stringData"])[0]]
     assert [e.running for e in launcher.poll(handle)] == [True, True, True]  # no pods yet
 
     cluster.run_workload(lambda node: s.running(node)["status"])
@@ -103,7 +110,7 @@ def test_an_attempt_from_provision_to_release(cluster, tmp_path, api):
 
     cluster.logs = {pod["metadata"]["name"]: f"rank output of {pod['metadata']['name']}\n" for pod in cluster.of_kind("Pod")}
     stopped = launcher.stop(handle, grace_s=30)
-    assert stopped == 3 and not cluster.of_kind("Pod") and not cluster.of_kind("ConfigMap")
+    assert stopped == 3 and not cluster.of_kind("Pod") and not worker_config_secrets(cluster)
     assert all(grace == 30 for kind, _, grace in cluster.deleted if kind == "Pod")
     assert all(handle.logs[node].read_text().startswith("rank output of") for node in range(3))
 
@@ -215,7 +222,21 @@ def test_a_status_channel_on_loopback_is_refused_before_any_pod_starts(cluster, 
     allocation = launcher.provision(spec, RUN_ID, tmp_path)
     with pytest.raises(LaunchError, match="listens on 127.0.0.1, which pods cannot reach"):
         launcher.launch(spec, allocation, plan(address="127.0.0.1:41234"))
-    assert not cluster.of_kind("Job") and not cluster.of_kind("ConfigMap")
+    assert not cluster.of_kind("Job") and not worker_config_secrets(cluster)
+
+
+def test_secret_env_values_go_into_the_attempts_secret_only(cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf-value-0123")
+    spec = spec_for("workload.secret_env=[HF_TOKEN]")
+    launcher = launcher_on(cluster)
+    allocation = launcher.provision(spec, RUN_ID, tmp_path / "run")
+    launcher.launch(spec, allocation, plan())
+    [config] = worker_config_secrets(cluster)
+    assert config["stringData"]["env.HF_TOKEN"] == "hf-value-0123"
+    assert "hf-value-0123" not in json.dumps([cluster.of_kind("Job"), cluster.of_kind("Service")])
+    report = launcher.release(allocation)
+    assert report.clean and f"Secret/{config['metadata']['name']}" in report.deleted_objects
+    assert not worker_config_secrets(cluster)
 
 
 def test_failed_workload_create_leaves_no_config_behind(cluster, tmp_path):
@@ -225,7 +246,7 @@ def test_failed_workload_create_leaves_no_config_behind(cluster, tmp_path):
     cluster.fail_next["create Job"] = ClusterError("create Job: forbidden (apply infra/rbac.yaml)", 403)
     with pytest.raises(LaunchError, match="attempt 1 could not start: create Job: forbidden"):
         launcher.launch(spec, allocation, plan())
-    assert not cluster.of_kind("ConfigMap")
+    assert not worker_config_secrets(cluster)
 
 
 # the image --------------------------------------------------------------------------------------
@@ -344,8 +365,9 @@ def test_objects_are_owned_by_the_orchestrator_pod_in_the_same_namespace(cluster
     launcher = launcher_on(cluster)
     launcher.launch(spec, launcher.provision(spec, RUN_ID, tmp_path), plan())
     owner = [{"apiVersion": "v1", "kind": "Pod", "name": "digits-nightly-x2b", "uid": "7c1e"}]
-    for kind in ("Service", "ConfigMap", "Job"):
+    for kind in ("Service", "Job"):
         assert [doc["metadata"]["ownerReferences"] for doc in cluster.of_kind(kind)] == [owner]
+    assert [doc["metadata"]["ownerReferences"] for doc in worker_config_secrets(cluster)] == [owner]
 
 
 def test_an_orchestrator_in_another_namespace_owns_nothing(cluster, tmp_path, monkeypatch):

@@ -164,7 +164,7 @@ def pod_view(template: dict, node: int, pod_index: int) -> dict[str, str]:
 @pytest.mark.parametrize("api", APIS)
 def test_each_pod_reads_its_own_worker_config(api):
     spec = spec_for(4, 0, api)
-    config_map, workload = attempt_manifests(spec, RUN_ID, plan(), IMAGE)
+    config_secret, workload = attempt_manifests(spec, RUN_ID, plan(), IMAGE)
     if workload["kind"] == "PyTorchJob":
         replicas = workload["spec"]["pytorchReplicaSpecs"]
         pods = [(0, replicas["Master"]["template"], 0)] + [(i + 1, replicas["Worker"]["template"], i) for i in range(3)]
@@ -175,11 +175,11 @@ def test_each_pod_reads_its_own_worker_config(api):
     for node, template, index in pods:
         path = pod_view(template, node, index)["TRAINFLOW_WORKER_CONFIG"]
         key = path.removeprefix("/etc/trainflow/")
-        config = json.loads(config_map["data"][key])
+        config = json.loads(config_secret["stringData"][key])
         assert config["node"] == node and config["attempt"] == 1 and config["node_scratch"] == "/scratch"
         assert config["status_address"] == "10.8.0.4:41234"
         seen.add(key)
-    assert seen == set(config_map["data"])
+    assert seen == set(config_secret["stringData"])
 
 
 @pytest.mark.parametrize("api, host", [
@@ -233,3 +233,30 @@ def test_kaniko_build_job_validates():
     assert "--destination=registry.example.com/ml/trainflow:tf-cuda-0123" in args
     assert "--context=s3://trainflow-checkpoints/_trainflow/build/tf-cuda-0123.tar.gz" in args
     assert "--digest-file=/dev/termination-log" in args and "--build-arg=TORCH_VARIANT=cuda" in args
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_secret_env_reaches_the_pods_by_reference_only(api):
+    spec = spec_for(2, 0, api, "workload.secret_env=[HF_TOKEN, WANDB_API_KEY]")
+    values = {"HF_TOKEN": "hf-value-0123", "WANDB_API_KEY": "wandb-value-4567"}
+    config_secret, workload = attempt_manifests(spec, RUN_ID, plan(), IMAGE, values)
+    validate(config_secret)
+    validate_workload(workload)
+    assert config_secret["kind"] == "Secret"
+    assert {config_secret["stringData"][f"env.{name}"] for name in values} == set(values.values())
+    pods = json.dumps(workload)
+    assert not any(value in pods for value in values.values())
+    for template in pod_templates(workload):
+        env = {item["name"]: item for item in template["spec"]["containers"][0]["env"]}
+        for name in values:
+            assert env[name] == {"name": name, "valueFrom": {"secretKeyRef": {
+                "name": config_secret["metadata"]["name"], "key": f"env.{name}"}}}
+        [volume] = [v for v in template["spec"]["volumes"] if v["name"] == "worker-config"]
+        mounted = {item["key"] for item in volume["secret"]["items"]}
+        assert mounted and not any(key.startswith("env.") for key in mounted)  # values only as env, not files
+
+
+def test_a_secret_env_without_a_value_is_refused():
+    spec = spec_for(2, 0, "indexed-job", "workload.secret_env=[HF_TOKEN]")
+    with pytest.raises(ValueError, match="HF_TOKEN"):
+        attempt_manifests(spec, RUN_ID, plan(), IMAGE, {})

@@ -47,3 +47,12 @@ def test_render_refuses_a_kubernetes_spec_without_s3(tmp_path):
     result = runner.invoke(app, ["render", str(EXAMPLE), "-o", str(tmp_path), "--set", "checkpoint.uri=checkpoints/x"])
     assert result.exit_code == EXIT_BAD_INPUT
     assert "checkpoint.uri: the kubernetes backend needs an s3:// URI" in result.output
+
+
+def test_render_writes_placeholders_never_secret_env_values(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf-value-never-rendered")
+    result = runner.invoke(app, ["render", str(EXAMPLE), "-o", str(tmp_path), "--set", "workload.secret_env=[HF_TOKEN]"])
+    assert result.exit_code == 0, result.output
+    assert not any("hf-value-never-rendered" in path.read_text() for path in tmp_path.iterdir())
+    config = yaml.safe_load((tmp_path / "10-worker-config.yaml").read_text())
+    assert config["stringData"]["env.HF_TOKEN"] == "set-by-the-orchestrator-at-launch-from-$HF_TOKEN"

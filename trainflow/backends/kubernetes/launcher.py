@@ -3,7 +3,7 @@
 - provision: the namespace exists, the job fits its quotas, the referenced Secrets and APIs are
   there, and the run's headless Service gives worker pods DNS names for rendezvous.
 - launch: the worker image (derived tag, built in the cluster when missing), then the attempt's
-  ConfigMap of worker configs and its workload (Indexed Job, JobSet or PyTorchJob).
+  Secret of worker configs (and secret_env values) and its workload (Indexed Job, JobSet or PyTorchJob).
 - poll: the attempt's pods, read at most once per `poll_interval_s`, as one PodExit per node.
 - stop: keep each pod's log, delete the workload and its pods with the grace period, wait.
 - release: delete everything labelled with the run, foreground, wait until gone, report leftovers.
@@ -33,6 +33,7 @@ from trainflow.backends.kubernetes.owner import orchestrator_owner, owned
 from trainflow.backends.kubernetes.pod import CONTAINER
 from trainflow.backends.kubernetes.quota import attempt_request, quota_problems
 from trainflow.backends.kubernetes.registry import RegistryError, manifest_digest
+from trainflow.backends.worker import secret_environment
 from trainflow.backends.kubernetes.workloads import (
     JOB_API,
     KUEUE_API,
@@ -46,7 +47,7 @@ from trainflow.spec import LaunchApi, RunSpec
 STATUS_HOST_ENV = "TRAINFLOW_STATUS_HOST"
 LOG_TAIL_LINES = 5000
 POD = ("v1", "Pod")
-CONFIG_MAP = ("v1", "ConfigMap")
+WORKER_CONFIG_SECRET = ("v1", "Secret")
 SERVICE = ("v1", "Service")
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -66,7 +67,7 @@ class KubernetesAttempt(AttemptHandle):
     namespace: str = ""
     run_id: str = ""
     workload: tuple[str, str, str] = ("", "", "")  # apiVersion, kind, name
-    config_map: str = ""
+    config_secret: str = ""
     observer: PodObserver | None = None
     exits: list[NodeExit] = field(default_factory=list)
     polled_at: float = float("-inf")
@@ -217,13 +218,15 @@ class KubernetesLauncher:
         image = self.prepare_image(spec, allocation)["reference"]
         plan = dataclasses.replace(plan, status_address=self.pod_status_address(plan, allocation))
         namespace = spec.kubernetes.namespace
-        config_map, workload = attempt_manifests(spec, allocation.run_id, plan, image)
+        config_secret, workload = attempt_manifests(spec, allocation.run_id, plan, image, secret_environment(spec))
         try:
             owner = orchestrator_owner(namespace)
-            self.cluster.create(owned(config_map, owner))
+            self.cluster.create(owned(config_secret, owner))
+            # by name: the orchestrator may not list Secrets (that would read every one in the namespace)
+            allocation.details.setdefault("config_secrets", []).append(config_secret["metadata"]["name"])
             self.cluster.create(owned(workload, owner))
         except ClusterError as exc:
-            self._delete_quietly(CONFIG_MAP, namespace, config_map["metadata"]["name"])
+            self._delete_quietly(WORKER_CONFIG_SECRET, namespace, config_secret["metadata"]["name"])
             raise LaunchError(f"attempt {plan.attempt} could not start: {exc}") from None
         nodes = spec.resources.nodes
         attempt_dir = allocation.scratch / f"attempt-{plan.attempt}"
@@ -237,7 +240,7 @@ class KubernetesLauncher:
             namespace=namespace,
             run_id=allocation.run_id,
             workload=(workload["apiVersion"], workload["kind"], workload["metadata"]["name"]),
-            config_map=config_map["metadata"]["name"],
+            config_secret=config_secret["metadata"]["name"],
             observer=PodObserver(nodes, container, spec.resources.memory, self.pull_patience_s),
             exits=[PodExit(node, None) for node in range(nodes)],
         )
@@ -300,7 +303,7 @@ class KubernetesLauncher:
 
     def stop(self, handle: KubernetesAttempt, grace_s: float) -> int:
         """Keep each pod's log, then delete the attempt's workload and pods (SIGTERM, SIGKILL after
-        `grace_s`) and its ConfigMap; returns how many pods there were."""
+        `grace_s`) and its worker-config Secret; returns how many pods there were."""
         selector = RunNames(handle.run_id).selector(handle.attempt)
         pods = self._list_quietly(POD, handle.namespace, selector)
         container = handle.observer.container if handle.observer else CONTAINER
@@ -313,7 +316,7 @@ class KubernetesLauncher:
         grace = max(0, math.ceil(grace_s))
         for pod in pods:
             self._delete_quietly(POD, handle.namespace, pod["metadata"]["name"], grace)
-        self._delete_quietly(CONFIG_MAP, handle.namespace, handle.config_map)
+        self._delete_quietly(WORKER_CONFIG_SECRET, handle.namespace, handle.config_secret)
         self._wait_gone([POD], handle.namespace, selector, grace + self.delete_timeout_s)
         return len(pods)
 
@@ -321,7 +324,7 @@ class KubernetesLauncher:
         namespace = allocation.details.get("namespace", "default")
         api = LaunchApi(allocation.details.get("launch_api", LaunchApi.indexed_job.value))
         selector = RunNames(allocation.run_id).selector()
-        kinds = [workload_api(api), JOB_API, POD, CONFIG_MAP, SERVICE]
+        kinds = [workload_api(api), JOB_API, POD, SERVICE]
         kinds = list(dict.fromkeys(kinds))  # indexed-job's workload is a Job already
         report = KubernetesReleaseReport()
         for kind in kinds:
@@ -331,8 +334,14 @@ class KubernetesLauncher:
                     report.deleted_objects.append(f"{kind[1]}/{name}")
                     if kind == POD:
                         report.stopped_processes += 1
+        for name in allocation.details.get("config_secrets", []):
+            if self._delete_quietly(WORKER_CONFIG_SECRET, namespace, name, report=report):
+                report.deleted_objects.append(f"Secret/{name}")
         for leftover in self._wait_gone(kinds, namespace, selector, self.delete_timeout_s, report):
             report.survivors.append(f"{leftover} still in namespace {namespace}")
+        for name in allocation.details.get("config_secrets", []):
+            if self._get_quietly(WORKER_CONFIG_SECRET, namespace, name, report) is not None:
+                report.survivors.append(f"Secret/{name} still in namespace {namespace}")
         if allocation.scratch.exists():
             shutil.rmtree(allocation.scratch, ignore_errors=True)
             report.removed_paths.append(str(allocation.scratch))
@@ -356,6 +365,13 @@ class KubernetesLauncher:
             if report is not None and exc.status != 404 and f"cannot list {kind[1]}: {exc}" not in report.survivors:
                 report.survivors.append(f"cannot list {kind[1]}: {exc}")
             return []
+
+    def _get_quietly(self, kind, namespace: str, name: str, report) -> dict | None:
+        try:
+            return self.cluster.get(kind[0], kind[1], namespace, name)
+        except ClusterError as exc:
+            report.survivors.append(f"cannot read {kind[1]}/{name}: {exc}")
+            return None
 
     def _delete_quietly(self, kind, namespace: str, name: str, grace_s: int | None = None, report=None) -> bool:
         try:

@@ -1,16 +1,18 @@
-"""The manifests of a run: its headless Service (once per run) and, per attempt, the ConfigMap of
-worker configs and the workload. Plain dicts, the same ones `trainflow render` writes out."""
+"""The manifests of a run: its headless Service (once per run) and, per attempt, the Secret of
+worker configs (they hold the status token) and secret_env values, and the workload. Plain dicts,
+the same ones `trainflow render` writes out."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 from trainflow.backends.base import AttemptPlan
 from trainflow.backends.kubernetes.names import LABEL_COMPONENT, LABEL_RUN, RENDEZVOUS, WORKER_CONFIG, WORKERS, RunNames
-from trainflow.backends.kubernetes.pod import RENDEZVOUS_PORT, SCRATCH_DIR
-from trainflow.backends.kubernetes.workloads import Attempt, config_keys, workload
+from trainflow.backends.kubernetes.pod import RENDEZVOUS_PORT, SCRATCH_DIR, SECRET_ENV_KEY, config_keys
+from trainflow.backends.kubernetes.workloads import Attempt, workload
 from trainflow.backends.worker import worker_config
 from trainflow.spec import RunSpec
 
@@ -38,7 +40,7 @@ def headless_service(spec: RunSpec, run_id: str) -> dict:
 
 
 def worker_configs(spec: RunSpec, run_id: str, plan: AttemptPlan) -> dict[str, str]:
-    """ConfigMap key -> the worker config JSON of that node (the local backend's file, verbatim)."""
+    """Secret key -> the worker config JSON of that node (the local backend's file, verbatim)."""
     keys = config_keys(spec.kubernetes.launch_api, spec.resources.nodes)
     return {
         key: json.dumps(dataclasses.asdict(worker_config(spec, run_id, plan, node, Path(SCRATCH_DIR))), indent=1)
@@ -46,11 +48,14 @@ def worker_configs(spec: RunSpec, run_id: str, plan: AttemptPlan) -> dict[str, s
     }
 
 
-def worker_config_map(spec: RunSpec, run_id: str, plan: AttemptPlan) -> dict:
+def worker_config_secret(spec: RunSpec, run_id: str, plan: AttemptPlan, secret_env: Mapping[str, str]) -> dict:
+    """The attempt's worker configs, and the values of `secret_env` for the pods' environment."""
     names = RunNames(run_id)
+    values = {SECRET_ENV_KEY.format(name=name): value for name, value in secret_env.items()}
     return {
         "apiVersion": "v1",
-        "kind": "ConfigMap",
+        "kind": "Secret",
+        "type": "Opaque",
         "metadata": {
             "name": names.config(plan.attempt),
             "namespace": spec.kubernetes.namespace,
@@ -58,10 +63,17 @@ def worker_config_map(spec: RunSpec, run_id: str, plan: AttemptPlan) -> dict:
             "annotations": names.annotations(),
         },
         "immutable": True,
-        "data": worker_configs(spec, run_id, plan),
+        "stringData": {**worker_configs(spec, run_id, plan), **values},
     }
 
 
-def attempt_manifests(spec: RunSpec, run_id: str, plan: AttemptPlan, image: str) -> list[dict]:
-    """What launching attempt `plan.attempt` creates, in creation order (config before pods)."""
-    return [worker_config_map(spec, run_id, plan), workload(Attempt(spec, run_id, plan.attempt, image))]
+def attempt_manifests(
+    spec: RunSpec, run_id: str, plan: AttemptPlan, image: str, secret_env: Mapping[str, str] | None = None
+) -> list[dict]:
+    """What launching attempt `plan.attempt` creates, in creation order (config before pods);
+    `secret_env` has a value for every name of workload.secret_env."""
+    secret_env = secret_env or {}
+    missing = [name for name in spec.workload.secret_env if name not in secret_env]
+    if missing:
+        raise ValueError(f"no value for workload.secret_env {', '.join(missing)}")
+    return [worker_config_secret(spec, run_id, plan, secret_env), workload(Attempt(spec, run_id, plan.attempt, image))]

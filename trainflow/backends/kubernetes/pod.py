@@ -2,8 +2,9 @@
 node-local checkpoint tier, and the resources, placement and grace the spec asks for.
 
 A pod learns which node it is from the cluster (the Job completion index, or the PyTorchJob
-replica index) through the downward API, and reads its own key of the attempt's ConfigMap;
-nothing in the template differs between nodes, so one template serves them all.
+replica index) through the downward API, and reads its own key of the attempt's worker-config
+Secret (the configs hold the status token); nothing in the template differs between nodes, so one
+template serves them all. The variables of `workload.secret_env` come from the same Secret.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from trainflow.backends.kubernetes.names import LABEL_ATTEMPT, LABEL_RUN, WORKERS, RunNames
-from trainflow.spec import RunSpec
+from trainflow.spec import LaunchApi, RunSpec
 from trainflow.worker_config import CONFIG_ENV, JOB_ENV
 
 CONTAINER = "trainer"
@@ -21,6 +22,7 @@ CONFIG_DIR = "/etc/trainflow"
 SCRATCH_DIR = "/scratch"
 WORKDIR = "/app"
 GPU_RESOURCE = "nvidia.com/gpu"
+SECRET_ENV_KEY = "env.{name}"  # the worker-config Secret's key holding a workload.secret_env value
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,21 @@ def environment(spec: RunSpec, run_id: str, identity: NodeIdentity) -> list[dict
     ]
 
 
+def secret_env_refs(spec: RunSpec, names: RunNames, attempt: int) -> list[dict]:
+    """workload.secret_env as references into the attempt's Secret: no value in the pod spec."""
+    return [
+        {"name": name, "valueFrom": {"secretKeyRef": {"name": names.config(attempt), "key": SECRET_ENV_KEY.format(name=name)}}}
+        for name in spec.workload.secret_env
+    ]
+
+
+def config_keys(api: LaunchApi, nodes: int) -> dict[str, int]:
+    """The worker-config Secret's key each node reads its worker config from."""
+    if api == LaunchApi.pytorchjob:
+        return {"master-0.json": 0, **{f"worker-{i}.json": i + 1 for i in range(nodes - 1)}}
+    return {f"node-{i}.json": i for i in range(nodes)}
+
+
 def affinity(spec: RunSpec, names: RunNames, attempt: int) -> dict | None:
     """All nodes of an attempt in one topology domain (zone, rack...) of `kubernetes.topology_key`."""
     if not spec.kubernetes.topology_key:
@@ -93,7 +110,11 @@ def volumes(spec: RunSpec, names: RunNames, attempt: int) -> list[dict]:
     if spec.kubernetes.local_tier_volume:
         scratch["sizeLimit"] = spec.kubernetes.local_tier_volume
     return [
-        {"name": "worker-config", "configMap": {"name": names.config(attempt)}},
+        {"name": "worker-config", "secret": {
+            "secretName": names.config(attempt),
+            "items": [{"key": key, "path": key} for key in config_keys(spec.kubernetes.launch_api, spec.resources.nodes)],
+            "defaultMode": 0o400,
+        }},
         {"name": "local-tier", "emptyDir": scratch},
         # the default 64 MiB /dev/shm is too small for data loader workers and NCCL
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
@@ -119,7 +140,7 @@ def pod_template(
         "imagePullPolicy": "IfNotPresent",
         "workingDir": WORKDIR,
         "command": command,
-        "env": environment(spec, run_id, identity),
+        "env": environment(spec, run_id, identity) + secret_env_refs(spec, names, attempt),
         "ports": [{"name": port_name, "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"}],
         "resources": resources(spec),
         "volumeMounts": [

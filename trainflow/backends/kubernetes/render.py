@@ -1,8 +1,9 @@
 """`trainflow render`: the manifests an attempt would create, written out for review or GitOps.
 
 Offline: no cluster, no registry. The status address and token in the worker configs are
-placeholders (the orchestrator opens the real channel when it launches an attempt), and a
-derived image tag is computed from the files here without asking whether the registry has it.
+placeholders (the orchestrator opens the real channel when it launches an attempt), so are the
+values of workload.secret_env (never read here, never written out), and a derived image tag is
+computed from the files here without asking whether the registry has it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from trainflow.spec import RunSpec
 PLACEHOLDER_TOKEN = "set-by-the-orchestrator-at-launch"
 PLACEHOLDER_HOST = "orchestrator.invalid"
 PLACEHOLDER_PORT = 7070
+PLACEHOLDER_SECRET = "set-by-the-orchestrator-at-launch-from-${}"
 
 
 def rendered(spec: RunSpec, run_id: str, attempt: int = 1, root: Path = PROJECT_ROOT) -> dict[str, dict]:
@@ -33,18 +35,20 @@ def rendered(spec: RunSpec, run_id: str, attempt: int = 1, root: Path = PROJECT_
         code_version=commit[:12] + ("-dirty" if dirty else ""),
         restore_prefix=None,
     )
-    config_map, workload = attempt_manifests(spec, run_id, plan, image.reference)
+    placeholders = {name: PLACEHOLDER_SECRET.format(name) for name in spec.workload.secret_env}
+    config_secret, workload = attempt_manifests(spec, run_id, plan, image.reference, placeholders)
     files = {"00-service.yaml": headless_service(spec, run_id)}
     if image.derived:
         files["05-image-build-job.yaml"] = kaniko_job(spec, run_id, image, context_uri(spec, image))
-    files["10-worker-config.yaml"] = config_map
+    files["10-worker-config.yaml"] = config_secret
     files[f"20-{workload['kind'].lower()}.yaml"] = workload
     return files
 
 
 HEADERS = {
     "05-image-build-job.yaml": "# Created only when the registry lacks the image, after the build context is uploaded.\n",
-    "10-worker-config.yaml": "# status_address and status_token are placeholders: the orchestrator sets them at launch.\n",
+    "10-worker-config.yaml": "# status_address, status_token and secret_env values are placeholders: the orchestrator "
+                             "sets them at launch.\n",
 }
 
 

@@ -154,13 +154,6 @@ def pytorchjob(attempt: Attempt) -> dict:
     }
 
 
-def config_keys(api: LaunchApi, nodes: int) -> dict[str, int]:
-    """The ConfigMap key each node reads its worker config from."""
-    if api == LaunchApi.pytorchjob:
-        return {"master-0.json": 0, **{f"worker-{i}.json": i + 1 for i in range(nodes - 1)}}
-    return {f"node-{i}.json": i for i in range(nodes)}
-
-
 WORKLOADS: dict[LaunchApi, tuple[tuple[str, str], Callable[[Attempt], dict]]] = {
     LaunchApi.indexed_job: (JOB_API, indexed_job),
     LaunchApi.jobset: (JOBSET_API, jobset),
