@@ -110,10 +110,10 @@ def volumes(spec: RunSpec, names: RunNames, attempt: int) -> list[dict]:
     if spec.kubernetes.local_tier_volume:
         scratch["sizeLimit"] = spec.kubernetes.local_tier_volume
     return [
+        # the default mode: the image runs as a non-root user, and nothing else shares the pod
         {"name": "worker-config", "secret": {
             "secretName": names.config(attempt),
             "items": [{"key": key, "path": key} for key in config_keys(spec.kubernetes.launch_api, spec.resources.nodes)],
-            "defaultMode": 0o400,
         }},
         {"name": "local-tier", "emptyDir": scratch},
         # the default 64 MiB /dev/shm is too small for data loader workers and NCCL
