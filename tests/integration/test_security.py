@@ -39,7 +39,8 @@ def wait_until(condition, what: str, timeout_s: float = 180.0, proc: subprocess.
     deadline = time.monotonic() + timeout_s
     while not condition():
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the run ended before {what}:\n{proc.stdout.read()[-3000:]}\n{proc.stderr.read()[-3000:]}")
+            output = proc.stdout.read()[-3000:] + "\n" + proc.stderr.read()[-3000:]
+            raise AssertionError(f"the run ended before {what}:\n{output}")
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout_s}s: {what}")
         time.sleep(0.1)
