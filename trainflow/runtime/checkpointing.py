@@ -55,6 +55,7 @@ from trainflow.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest, Ma
 from trainflow.checkpoint.policy import SnapshotPolicy
 from trainflow.checkpoint.storage import Storage, StorageError
 from trainflow.checkpoint.transfer_agent import TransferAgent
+from trainflow.runtime.restore_checks import metadata_problems, read_personal, read_shared, tensor_refs
 from trainflow.runtime.state import capture_rng, join_tensors, restore_rng, split_tensors
 from trainflow.worker_config import WorkerConfig
 
@@ -451,8 +452,9 @@ class Checkpointer:
                     restored = self._restore_durable(candidate, state)
             except _Rejected as exc:
                 reason = str(exc)
-                fallbacks.append(f"{candidate.tier} {candidate.prefix}: {reason}")
-                _warn(f"not restoring {candidate.tier} {candidate.prefix}: {reason}")
+                fallbacks.append(f"{candidate.tier} step {candidate.step} ({candidate.prefix}): {reason}")
+                _warn(f"not restoring the {candidate.tier} checkpoint of step {candidate.step} "
+                      f"({candidate.prefix}): {reason}")
                 if self.rank == 0 and candidate.tier == "durable":
                     self.send("checkpoint", step=candidate.step, prefix=candidate.prefix, status="rejected",
                               reason=reason[:2000], bytes=0, stall_s=0.0)
@@ -581,14 +583,19 @@ class Checkpointer:
         return replace(restored, transfer_s=transfer_s, verify_s=verify_s)
 
     def _load(self, folder: Path, manifest: Manifest, state: Stateful, prefix: str, tier: str) -> Restored:
-        """Read a verified checkpoint into the live objects. Only JSON and DCP's tensors are read."""
+        """Read a verified checkpoint into the live objects. Only JSON and DCP's tensors are read,
+        and only from files the manifest lists; a checkpoint whose own files are malformed is
+        rejected on every rank alike (the problems are gathered first)."""
         began = time.perf_counter()
         model_sd, optim_sd = self._state_dicts(state)
         template, _ = split_tensors({"model": model_sd, "optim": optim_sd})
-        shared = json.loads((folder / SHARED_STATE).read_text())
         own = folder / rank_file(self.rank)
-        personal = json.loads((own if own.exists() else folder / rank_file(0)).read_text())
-        refs = _tensor_refs(shared)
+        listed = {e.name for e in manifest.files}
+        shared, problems = read_shared(folder / SHARED_STATE)
+        personal, more = read_personal(own if own.name in listed else folder / rank_file(0), manifest.step)
+        problems += more + metadata_problems(folder, listed)
+        self._reject_if_any(problems)
+        refs = tensor_refs(shared)
         unknown = [key for key in refs if key not in template]
         if unknown:
             raise ValueError(
@@ -597,7 +604,7 @@ class Checkpointer:
             )
         wanted = {key: template[key] for key in refs}
         try:
-            dcp.load(wanted, storage_reader=SafeFileSystemReader(folder), process_group=self.group)
+            dcp.load(wanted, storage_reader=SafeFileSystemReader(folder, listed), process_group=self.group)
         except CheckpointException as exc:  # raised on every rank alike; the next candidate rewrites every tensor
             raise _Rejected(f"DCP could not read it: {str(exc).splitlines()[-1][:500]}") from None
         restored = join_tensors(shared, wanted)
@@ -610,12 +617,23 @@ class Checkpointer:
             )
         else:
             set_state_dict(state.model, [], model_state_dict=restored["model"], optim_state_dict={})
-        if own.exists():
-            restore_rng(personal["rng"])
+        problems = []
+        if own.name in listed:
+            try:
+                restore_rng(personal["rng"])
+            except (TypeError, ValueError, RuntimeError, IndexError, OverflowError) as exc:
+                problems.append(f"{own.name}: RNG state not restorable ({type(exc).__name__}: {str(exc)[:200]})")
+        self._reject_if_any(problems)
         for name, obj in state.extras.items():
             if name in personal["extras"]:
                 obj.load_state_dict(personal["extras"][name])
         return Restored(manifest.step, prefix, tier, manifest.total_bytes, load_s=time.perf_counter() - began)
+
+    def _reject_if_any(self, problems: list[str]) -> None:
+        """Collective: every rank rejects the candidate when any rank found a problem."""
+        seen = list(dict.fromkeys(p for g in self._all_gather(problems) for p in g))
+        if seen:
+            raise _Rejected("; ".join(seen))
 
     # ---- helpers ------------------------------------------------------------------------------
 
@@ -636,20 +654,3 @@ class Checkpointer:
         dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
 
-
-def _tensor_refs(tree: Any) -> list[str]:
-    refs: list[str] = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if "__tensor__" in node and len(node) == 1:
-                refs.append(node["__tensor__"])
-            else:
-                for value in node.values():
-                    walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(tree)
-    return refs
