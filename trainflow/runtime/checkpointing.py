@@ -418,7 +418,17 @@ class Checkpointer:
                 )
                 return True, ""
         self._report_failed(manifest.step, prefix, reason, manifest.total_bytes, self._stall(waited_since=waited_since))
+        self._remove_uncommitted(prefix, manifest)
         return False, reason
+
+    def _remove_uncommitted(self, prefix: str, manifest: Manifest) -> None:
+        """Rank 0, after a failed snapshot: remove the files every rank uploaded for it (a store that
+        filled up would otherwise keep them for good), unless the step is committed after all."""
+        try:
+            if self.storage.size(f"{prefix}/{MANIFEST_NAME}") is None:
+                self.storage.delete([f"{prefix}/{e.name}" for e in manifest.files])
+        except StorageError as exc:
+            _warn(f"files of the failed snapshot {prefix} not removed: {exc}")
 
     def _report_failed(self, step: int, prefix: str, reason: str, size: int, stall_s: float) -> None:
         _warn(f"checkpoint at step {step} not committed: {reason}")
