@@ -1,6 +1,7 @@
 """Storage faults end a run the way a user can trust: a checkpoint folder that fills up or turns
 read-only mid-run is an INFRA failure on the retry branch, never a crash of the lifecycle nor a
-"succeeded" run whose last state lived only on the nodes; failed saves leave nothing behind."""
+"succeeded" run whose last state lived only on the nodes; failed saves leave nothing behind; a
+`--resume` whose chosen checkpoint disappears chooses again."""
 
 from __future__ import annotations
 
@@ -85,3 +86,24 @@ def test_a_checkpoint_folder_turning_read_only_is_infra_and_the_run_ends_with_it
     assert "Read-only file system" in summary["reason"]
     assert {10, 20} <= {c["step"] for c in summary["checkpoints"] if c["verified"]}
     assert summary["teardown"]["clean"] is True and job_processes(summary["run_id"]) == []
+
+
+def test_resume_whose_chosen_checkpoint_disappeared_chooses_again(cli_env, tmp_path):
+    store = tmp_path / "shared-store"
+    workload = ["--set", "workload.entrypoint=tests/integration/workloads/lose_restore_point.py"]
+    common = [*workload, "--set", "checkpoint.every_steps=10", "--set", f"checkpoint.uri={store}",
+              "--set", "checkpoint.snapshot_every_s=0", "--json"]
+    runs = [run_cli(["run", SPEC, "--set", f"workload.steps={steps}", *common], cli_env) for steps in (20, 30)]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr[-3000:] + runs[1].stderr[-3000:]
+    older, newer = (summary_of(r) for r in runs)
+
+    # --resume chooses the newer run's step 30; the first attempt finds that run deleted
+    result = run_cli(["run", SPEC, "--resume", "--set", "workload.steps=40", *common], cli_env)
+    summary = summary_of(result)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert not (store / newer["run_id"]).exists()
+    outcomes = [a["outcome"] for a in summary["attempts"]]
+    assert outcomes[0] == "INFRA" and "INFRA" not in outcomes[1:] and outcomes[-1] == "SUCCEEDED", outcomes
+    # chosen again: the older run's step 20, the newest verified checkpoint left
+    assert summary["attempts"][1]["resumed_from_step"] == 20
+    assert summary["final_step"] == 40
