@@ -1,16 +1,26 @@
 """Storage faults end a run the way a user can trust: a checkpoint folder that fills up or turns
 read-only mid-run is an INFRA failure on the retry branch, never a crash of the lifecycle nor a
-"succeeded" run whose last state lived only on the nodes; failed saves leave nothing behind; a
-`--resume` whose chosen checkpoint disappears chooses again."""
+"succeeded" run whose last state lived only on the nodes; failed saves leave nothing behind; an
+S3 endpoint that stops answering is a storage outage (INFRA), not a hang."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
+import boto3
 import pytest
+from mlflow.tracking import MlflowClient
 
-from tests.integration.conftest import job_processes, run_cli, summary_of
+from tests.integration.conftest import (
+    BIN, BUCKET, job_processes, run_cli, s3_environment, start_server, stop_server, summary_of,
+)
+from trainflow.backends.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -86,6 +96,80 @@ def test_a_checkpoint_folder_turning_read_only_is_infra_and_the_run_ends_with_it
     assert "Read-only file system" in summary["reason"]
     assert {10, 20} <= {c["step"] for c in summary["checkpoints"] if c["verified"]}
     assert summary["teardown"]["clean"] is True and job_processes(summary["run_id"]) == []
+
+
+@pytest.fixture
+def own_s3(tmp_path):
+    """An S3 endpoint of this test's own, since the test freezes it."""
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    proc = start_server([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], dict(os.environ),
+                        tmp_path / "moto.log", f"{endpoint}/moto-api/", timeout_s=60)
+    try:
+        env = s3_environment(endpoint)
+        boto3.client("s3", endpoint_url=endpoint, region_name=env["AWS_DEFAULT_REGION"],
+                     aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                     aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"]).create_bucket(Bucket=BUCKET)
+        yield proc, env
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        stop_server(proc)
+
+
+def resume_once_the_attempt_is_gone(home: Path, server: subprocess.Popen, done: threading.Event) -> None:
+    """SIGCONT the frozen endpoint once the first attempt's workers have been stopped."""
+    deadline = time.monotonic() + 300
+    seen: set[str] = set()
+    while time.monotonic() < deadline and not done.is_set():
+        runs = [p.name for p in (home / "runs").glob("*")] if (home / "runs").is_dir() else []
+        for run_id in runs:
+            if job_processes(run_id):
+                seen.add(run_id)
+            elif run_id in seen:
+                os.kill(server.pid, signal.SIGCONT)
+                return
+        time.sleep(0.5)
+    os.kill(server.pid, signal.SIGCONT)
+
+
+def first_attempt_evidence(summary: dict, folder: Path) -> dict:
+    client = MlflowClient(summary["tracking_uri"])
+    parent = client.get_run(summary["mlflow_run_id"])
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'")
+    first = next(c for c in children if c.data.tags["attempt"] == "1")
+    return json.loads(Path(client.download_artifacts(first.info.run_id, "evidence.json", str(folder))).read_text())
+
+
+@pytest.mark.timeout(600)
+def test_an_s3_outage_longer_than_the_hang_timeout_is_infra_not_a_hang(cli_env, tmp_path, own_s3):
+    server, s3_env = own_s3
+    env = {**cli_env, **s3_env}
+    done = threading.Event()
+    resumer = threading.Thread(target=resume_once_the_attempt_is_gone,
+                               args=(Path(env["TRAINFLOW_HOME"]), server, done), daemon=True)
+    resumer.start()
+    # frozen before the first checkpoint: the workers' first upload blocks, and the orchestrator,
+    # with no commit to verify, is not itself waiting on the endpoint while it ends the attempt
+    args = f"[--pid, '{server.pid}', --at-step, '5', --marker, '{tmp_path / 'frozen'}']"
+    try:
+        result = run_cli([
+            "run", SPEC, "--set", "workload.entrypoint=tests/integration/workloads/signal_at_step.py",
+            "--set", f"workload.args={args}", "--set", "workload.steps=60", "--set", "checkpoint.every_steps=10",
+            "--set", "checkpoint.snapshot_every_s=0", "--set", f"checkpoint.uri=s3://{BUCKET}/outage",
+            "--set", "fault_tolerance.hang_timeout_s=10", "--json",
+        ], env, timeout_s=600)
+    finally:
+        done.set()
+        resumer.join(10)
+    summary = summary_of(result)
+    assert result.returncode == 0, result.stderr[-4000:]
+    # the frozen endpoint ended the first attempt as a storage outage, and the run went on
+    assert [a["outcome"] for a in summary["attempts"]] == ["INFRA", "SUCCEEDED"], result.stderr[-4000:]
+    evidence = first_attempt_evidence(summary, tmp_path)
+    assert "blocked in storage calls" in evidence["reason"] and "checkpoint save of step" in evidence["reason"]
+    assert evidence["storage_calls"]
+    assert summary["final_step"] == 60 and summary["checkpoints"][-1]["step"] == 60
 
 
 def test_resume_whose_chosen_checkpoint_disappeared_chooses_again(cli_env, tmp_path):

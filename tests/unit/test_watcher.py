@@ -124,3 +124,38 @@ def test_an_exit_ends_the_watch_at_once(channel):
     launcher.exits = [NodeExit(0, None), NodeExit(1, 3)]
     result = watcher(channel, launcher, heartbeat_timeout_s=5, hang_timeout_s=30).run(poll_s=0.05)
     assert result.outcome == Outcome.CRASHED and "code 3" in result.reason
+
+
+def test_a_stall_while_ranks_wait_on_the_checkpoint_store_is_infra_not_a_hang(channel):
+    ranks = [reporter(channel, r) for r in range(2)]
+    try:
+        # sent before the last progress, on the same connections: known to the watcher when it stalls
+        ranks[0].send("checkpoint", step=4, prefix="run/step-00000004", status="failed",
+                      reason="upload failed: rank 0: ReadTimeoutError", bytes=0, stall_s=0.0)
+        for r in ranks:
+            r.send("storage", state="waiting", since=time.time(), call="waiting for the checkpoint save of step 5")
+            r.send("progress", steps=[{"step": 5, "step_time_s": 0.01, "compute_s": 0.01}])
+        launcher = StandInLauncher(2)
+        result = watcher(channel, launcher, heartbeat_timeout_s=5, hang_timeout_s=1.0).run(poll_s=0.05)
+        assert result.outcome == Outcome.INFRA
+        assert "blocked in storage calls" in result.reason and "checkpoint save of step 5" in result.reason
+        assert "last storage error: upload failed: rank 0: ReadTimeoutError" in result.reason
+        assert sorted(c["rank"] for c in result.evidence["storage_calls"]) == [0, 1]
+        assert not launcher.stacks_asked
+    finally:
+        for r in ranks:
+            r.close()
+
+
+def test_a_stall_after_the_storage_call_returned_is_still_a_hang(channel):
+    ranks = [reporter(channel, r) for r in range(2)]
+    try:
+        for r in ranks:
+            r.send("storage", state="waiting", since=time.time(), call="waiting for the checkpoint save of step 5")
+            r.send("storage", state="done", since=time.time(), call="waiting for the checkpoint save of step 5")
+            r.send("progress", steps=[{"step": 5, "step_time_s": 0.01, "compute_s": 0.01}])
+        result = watcher(channel, StandInLauncher(2), heartbeat_timeout_s=5, hang_timeout_s=1.0).run(poll_s=0.05)
+        assert result.outcome == Outcome.HUNG
+    finally:
+        for r in ranks:
+            r.close()

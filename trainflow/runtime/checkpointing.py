@@ -28,10 +28,12 @@ import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for_futures
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -61,6 +63,7 @@ from trainflow.worker_config import WorkerConfig
 
 SHARED_STATE = "state.json"
 BACKGROUND_NICENESS = 19  # how far below training the background save runs (see _yield_to_training)
+STORAGE_WAIT_REPORT_S = 1.0  # training waiting this long for a save is reported as blocked in a storage call
 
 
 class CheckpointInvalid(RuntimeError):
@@ -189,6 +192,7 @@ class Checkpointer:
             initializer=_yield_to_training, initargs=(niceness,),
         )
         self._pending: Future | None = None
+        self._pending_step = 0
         self._last: _Saved | None = None
         self._saves = 0
         self._metrics: dict[str, float] = {}
@@ -210,6 +214,7 @@ class Checkpointer:
         if last is not None and last.step == step and last.manifest is not None:
             if not last.committed:
                 self._pending = self._worker.submit(self._snapshot_again, last, began)
+                self._pending_step = step
                 last = self._wait()
                 self._require_committed(last)
             return SaveOutcome(step, time.perf_counter() - began, 0.0, last.committed)
@@ -222,7 +227,7 @@ class Checkpointer:
         stall_s = time.perf_counter() - began
         save_id = f"a{self.config.attempt}-{self._saves}"
         job = _Job(step, save_id, staged, shared, personal, commit, stage_s, began, stall_s)
-        self._pending = self._worker.submit(self._save_in_background, job)
+        self._pending, self._pending_step = self._worker.submit(self._save_in_background, job), step
         if commit:
             self._require_committed(self._wait())
         stall = time.perf_counter() - began
@@ -252,10 +257,25 @@ class Checkpointer:
         with self._metrics_lock:
             self._metrics.update(figures)
 
+    @contextmanager
+    def _storage_call(self, call: str) -> Iterator[None]:
+        """Tell the orchestrator training is blocked on the checkpoint store, and when it is not any
+        more: a stall in a storage call is a storage outage, not a hang of the training."""
+        since = time.time()
+        self.send("storage", state="waiting", since=since, call=call)
+        try:
+            yield
+        finally:
+            self.send("storage", state="done", since=since, call=call)
+
     def _wait(self) -> _Saved | None:
         if self._pending is not None:
             future, self._pending = self._pending, None
             try:
+                done, _ = wait_for_futures([future], timeout=STORAGE_WAIT_REPORT_S)
+                if not done:
+                    with self._storage_call(f"waiting for the checkpoint save of step {self._pending_step}"):
+                        wait_for_futures([future])
                 self._last = future.result()
             except (Exception, CheckpointException) as exc:  # a collective under the save failed: a peer is gone
                 _warn(f"checkpoint save failed: {_describe(exc)}")
@@ -573,7 +593,9 @@ class Checkpointer:
             shutil.rmtree(folder, ignore_errors=True)
             began = time.perf_counter()
             try:
-                self.storage.download_many([(f"{candidate.prefix}/{e.name}", folder / e.name) for e in manifest.files])
+                with self._storage_call(f"downloading the checkpoint {candidate.prefix}"):
+                    self.storage.download_many(
+                        [(f"{candidate.prefix}/{e.name}", folder / e.name) for e in manifest.files])
             except StorageError as exc:
                 problems = [str(exc)]
             transfer_s = time.perf_counter() - began
