@@ -27,6 +27,7 @@ HANG_STEP_FACTOR = 20.0
 METRICS_FLUSH_S = 1.0
 STRAGGLER_REPORT_S = 5.0
 EXIT_EVIDENCE_S = 3.0  # after a worker dies, how long its agent gets to exit and report why
+FINISHED_EXIT_S = 60.0  # the same once the job has reported finished
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,10 @@ class AttemptWatcher:
         return None
 
     def _ended_by_exit(self, exits, detected_at: float) -> AttemptResult:
-        deadline = time.monotonic() + EXIT_EVIDENCE_S
+        # after a finished report, workers leaving is the job ending: their agents, slow out of
+        # torchrun's exit barrier on a loaded host, get longer before a gone worker reads as a crash
+        finished = self.channel.snapshot().finished is not None
+        deadline = time.monotonic() + (FINISHED_EXIT_S if finished else EXIT_EVIDENCE_S)
         # the failing nodes' agents follow their workers within a second or so, with the exit report
         while any(e.workers_lost for e in exits) and time.monotonic() < deadline:
             time.sleep(0.05)

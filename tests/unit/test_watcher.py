@@ -159,3 +159,35 @@ def test_a_stall_after_the_storage_call_returned_is_still_a_hang(channel):
     finally:
         for r in ranks:
             r.close()
+
+
+class SlowToLeaveLauncher(StandInLauncher):
+    """Workers gone after finishing, their agents still in torchrun's exit barrier for `polls` polls."""
+
+    def __init__(self, nodes: int, polls: int):
+        super().__init__(nodes)
+        self.polls = polls
+
+    def poll(self, handle):
+        self.polls -= 1
+        if self.polls > 0:
+            return [NodeExit(e.node, None, workers_lost=True) for e in self.exits]
+        return [NodeExit(e.node, 0) for e in self.exits]
+
+
+def test_agents_slow_to_leave_after_the_job_finished_are_not_a_crash(channel):
+    ranks = [reporter(channel, r) for r in range(2)]
+    try:
+        for r in ranks:
+            r.send("progress", steps=[{"step": 5, "step_time_s": 0.01}])
+        ranks[0].send("finished", step=5, params_sha256="0" * 64, loss=0.1)
+        deadline = time.monotonic() + 30
+        while channel.snapshot().finished is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # more polls than the 3 s a crashed worker's agent gets, at 0.05 s a poll
+        result = watcher(channel, SlowToLeaveLauncher(2, polls=80), heartbeat_timeout_s=30,
+                         hang_timeout_s=30).run(poll_s=0.05)
+        assert result.outcome == Outcome.SUCCEEDED, result.reason
+    finally:
+        for r in ranks:
+            r.close()
