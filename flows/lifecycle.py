@@ -21,7 +21,7 @@ from tasks.attempts import classify_outcome, recover_nodes, release_attempt
 from tasks.chaos import inject_fault
 from tasks.finalize import finalize
 from tasks.image import prepare_image
-from tasks.launch import find_resume_point, launch_attempt
+from tasks.launch import choose_retry_point, find_resume_point, launch_attempt
 from tasks.provision import provision
 from tasks.reporting import report_attempt, report_checkpoint, report_run, start_report
 from tasks.snapshot import snapshot_checkpoint
@@ -79,7 +79,7 @@ def lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None = None)
                 break
             time.sleep(decision.backoff_s)
             attempt_spec = recover_nodes(attempt_spec, provisioned, handle, result)
-            restore_from = find_resume_point(attempt_spec, record.run_id) or start_point
+            restore_from = choose_retry_point(attempt_spec, record.run_id, resume, restore_from)
         summary = finalize(attempt_spec, record, provisioned, results, decision, snapshots)
         if chaos:
             summary["faults"] = [asdict(injection) for injection in injections]

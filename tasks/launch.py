@@ -1,6 +1,8 @@
-"""find_resume_point and launch_attempt: where an attempt starts from, and starting it."""
+"""find_resume_point, choose_retry_point and launch_attempt: where an attempt starts from, and starting it."""
 
 from __future__ import annotations
+
+import time
 
 from prefect import get_run_logger
 
@@ -8,7 +10,7 @@ from tasks import lifecycle_task
 from tasks.records import Provisioned
 from trainflow.backends import AttemptHandle, AttemptPlan
 from trainflow.checkpoint.catalog import Committed, latest_verified
-from trainflow.checkpoint.storage import open_storage
+from trainflow.checkpoint.storage import StorageError, open_storage
 from trainflow.environment import Environment
 from trainflow.home import resolve_checkpoint_uri
 from trainflow.spec import RunSpec
@@ -21,6 +23,38 @@ def find_resume_point(spec: RunSpec, run_id: str | None = None) -> Committed | N
     """The newest verified checkpoint, of this run or (run_id None) of any run under the URI."""
     found = latest_verified(open_storage(resolve_checkpoint_uri(spec.checkpoint.uri)), run_id)
     logger = get_run_logger()
+    if found is None:
+        logger.info("no verified checkpoint under %s: starting from step 0", spec.checkpoint.uri)
+    else:
+        logger.info("resuming from step %d (%s)", found.step, found.prefix)
+    return found
+
+
+RETRY_POINT_WAITS_S = (2, 4, 8, 16)  # between reads of a store that does not answer
+
+
+@lifecycle_task(name="choose-retry-point", task_run_name="choose-retry-point-{run_id}")
+def choose_retry_point(spec: RunSpec, run_id: str, resume: bool, previous: Committed | None) -> Committed | None:
+    """Where the next attempt resumes: the newest verified checkpoint of this run; with none and
+    `resume`, the newest of any run, chosen again (the one chosen before may be gone: another
+    run's retention). A store that stays unreadable is no reason to stop the run: the attempt
+    resumes from `previous` (its nodes' own copies come first anyway), and a restore that fails
+    there ends it as INFRA, on the retry branch."""
+    logger = get_run_logger()
+    storage = open_storage(resolve_checkpoint_uri(spec.checkpoint.uri))
+    for wait_s in (*RETRY_POINT_WAITS_S, None):
+        try:
+            found = latest_verified(storage, run_id)
+            if found is None and resume:
+                found = latest_verified(storage)
+            break
+        except StorageError as exc:
+            if wait_s is None:
+                logger.warning("checkpoint store unreadable (%s): resuming from %s", exc,
+                               f"step {previous.step} ({previous.prefix})" if previous else "the nodes' own copies")
+                return previous
+            logger.warning("checkpoint store unreadable, trying again in %ds: %s", wait_s, exc)
+            time.sleep(wait_s)
     if found is None:
         logger.info("no verified checkpoint under %s: starting from step 0", spec.checkpoint.uri)
     else:

@@ -65,7 +65,9 @@ def snapshot_checkpoint(spec: RunSpec, record: RunRecord, provisioned: Provision
 
     deleted: list[int] = []
     try:
-        deleted = apply_retention(storage, record.run_id, spec.checkpoint.keep_last, spec.checkpoint.keep_every_steps)
+        # commits arrive in order: what is newer than this step is not verified and recorded yet
+        deleted = apply_retention(storage, record.run_id, spec.checkpoint.keep_last, spec.checkpoint.keep_every_steps,
+                                  up_to_step=step)
     except StorageError as exc:  # the store went away after the commit: retention waits for the next snapshot
         logger.warning("retention skipped this time: %s", exc)
     aborted: list[str] = []

@@ -30,6 +30,9 @@ def watch_attempt(
             logger.error("rank %s: %s: %s", event.get("rank"), event.get("type"), event.get("message"))
         elif kind == "restored":
             logger.info("rank %s restored step %s in %.2fs", event.get("rank"), event["step"], event["seconds"])
+            if event.get("rank") == 0:
+                for skipped in event.get("fallbacks", []):  # which checkpoint was passed over, and why
+                    logger.warning("checkpoint skipped at restore: %s", skipped)
         elif kind == "straggler":
             logger.warning("rank %s on node %s is a straggler (compute %.1fx the others') at step %s",
                            event["rank"], event["node"], event["score"], event["step"])

@@ -5,6 +5,8 @@
 - hang: heartbeats continue but no rank advances for the hang timeout, or a worker is frozen while
   its node is alive; stacks of every rank are captured before the attempt is ended
 - straggler: a rank's compute time stays above a factor of the others' median; reported, not fatal
+- storage outage: no progress for the hang timeout while ranks report being blocked in a call to
+  the checkpoint store; INFRA with the last storage error, not a hang
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ HANG_STEP_FACTOR = 20.0
 METRICS_FLUSH_S = 1.0
 STRAGGLER_REPORT_S = 5.0
 EXIT_EVIDENCE_S = 3.0  # after a worker dies, how long its agent gets to exit and report why
+FINISHED_EXIT_S = 60.0  # the same once the job has reported finished
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,8 @@ class AttemptWatcher:
         self._straggling: dict[int, int] = {}
         self.step_time_total = 0.0
         self.totals: dict[str, float] = {}
+        self._storage_calls: dict[int, dict] = {}  # rank -> the storage call it is blocked in
+        self._storage_error = ""  # the last failed checkpoint's reason
 
     def run(self, poll_s: float = 0.1) -> AttemptResult:
         try:
@@ -118,12 +123,17 @@ class AttemptWatcher:
             limit = self.limits.hang_after(status) if status.first_step_at else self.limits.startup_timeout_s
             if now - stalled_since > limit:
                 stuck = sorted(r.rank for r in status.ranks.values() if (r.progressed_at or 0) <= stalled_since)
+                if self._storage_calls:
+                    return self._storage_stall(status, now, stalled_since)
                 reason = f"no step progress for {now - stalled_since:.1f}s (ranks {stuck}) while heartbeats continue"
                 return self._hung(reason, status, now, stalled_since, {"ranks": stuck, "hang_timeout_s": limit})
         return None
 
     def _ended_by_exit(self, exits, detected_at: float) -> AttemptResult:
-        deadline = time.monotonic() + EXIT_EVIDENCE_S
+        # after a finished report, workers leaving is the job ending: their agents, slow out of
+        # torchrun's exit barrier on a loaded host, get longer before a gone worker reads as a crash
+        finished = self.channel.snapshot().finished is not None
+        deadline = time.monotonic() + (FINISHED_EXIT_S if finished else EXIT_EVIDENCE_S)
         # the failing nodes' agents follow their workers within a second or so, with the exit report
         while any(e.workers_lost for e in exits) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -140,6 +150,16 @@ class AttemptWatcher:
         if status.diverged:
             evidence["diverged"] = status.diverged
         return self._result(outcome, reason, status, detected_at, failed_at, evidence)
+
+    def _storage_stall(self, status, now: float, stalled_since: float) -> AttemptResult:
+        """No progress while ranks wait on the checkpoint store: a storage outage (INFRA), not a hang."""
+        first = min(self._storage_calls.values(), key=lambda c: c["since"])
+        reason = (f"no step progress for {now - stalled_since:.1f}s: ranks {sorted(self._storage_calls)} blocked "
+                  f"in storage calls, rank {first['rank']} for {now - first['since']:.1f}s ({first['call']})")
+        if self._storage_error:
+            reason += f"; last storage error: {self._storage_error}"
+        evidence = {"storage_calls": list(self._storage_calls.values())}
+        return self._result(Outcome.INFRA, reason, status, now, first["since"], evidence)
 
     def _hung(self, reason, status, detected_at, failed_at, evidence) -> AttemptResult:
         result = self._result(Outcome.HUNG, reason, status, detected_at, failed_at, evidence)
@@ -221,6 +241,13 @@ class AttemptWatcher:
                 event = self.channel.events.get_nowait()
             except queue.Empty:
                 break
+            if event["kind"] == "storage":
+                if event.get("state") == "waiting":
+                    self._storage_calls[event.get("rank", -1)] = event
+                else:
+                    self._storage_calls.pop(event.get("rank", -1), None)
+            if event["kind"] == "checkpoint" and event.get("status") == "failed":
+                self._storage_error = str(event.get("reason", ""))[:500]
             if event["kind"] == "checkpoint":  # the time training stood still for it
                 stall = event.get("stall_s", event.get("stage_s", 0) + event.get("save_s", 0) + event.get("upload_s", 0))
                 self.totals["checkpoint_stall_s"] = self.totals.get("checkpoint_stall_s", 0.0) + stall

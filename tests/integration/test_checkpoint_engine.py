@@ -3,7 +3,8 @@ loopback), the orchestrator's real status channel. No Prefect here: each test te
 exactly where to restore from, as the lifecycle would, and looks at every event it reports.
 
 - torn checkpoints (no manifest, a truncated shard, a wrong checksum, a missing file) are never
-  loaded and the previous one is;
+  loaded and the previous one is; neither is one whose `.metadata` points outside the checkpoint
+  or whose JSON state is malformed, even with a manifest rewritten to match;
 - a checkpoint saved by 2 processes restores into 1 and into 4;
 - the node-local tier is used when it verifies (gathered across nodes), S3 otherwise;
 - the S3 endpoint going away mid-upload commits nothing, and training goes on.
@@ -11,7 +12,10 @@ exactly where to restore from, as the lifecycle would, and looks at every event 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import pickle
 import queue
 import socket
 import subprocess
@@ -19,7 +23,7 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -28,6 +32,8 @@ from tests.conftest import ROOT
 from tests.integration.conftest import BUCKET, s3_environment, unique_prefix
 from trainflow.backends.ports import free_port
 from trainflow.checkpoint.catalog import step_of
+from trainflow.checkpoint.dcp_io import load_metadata
+from trainflow.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest
 from trainflow.status import StatusServer
 from trainflow.worker_config import CONFIG_ENV, JOB_ENV, WorkerConfig
 
@@ -293,6 +299,77 @@ def test_torn_checkpoints_are_never_loaded_and_the_previous_one_is(saved, s3, s3
     assert "rank-1.json: missing" in rejected[20]
     assert len(attempt.restored["fallbacks"]) == 4
     # what was loaded is exactly step 10: training on from it ends where the uninterrupted run did
+    assert attempt.finished["params_sha256"] == saved.params
+
+
+class CopiedRun:
+    """The saved run's checkpoints copied under a fresh URI, to be tampered with there."""
+
+    def __init__(self, s3, saved: Saved):
+        self.s3, self.uri, self.run = s3, unique_prefix(), saved.job.run_id
+        source, self.target = f"{key_prefix(saved.job.uri)}/{self.run}/", f"{key_prefix(self.uri)}/{self.run}/"
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=source):
+            for obj in page.get("Contents", []):
+                s3.copy_object(Bucket=BUCKET, Key=self.target + obj["Key"][len(source):],
+                               CopySource={"Bucket": BUCKET, "Key": obj["Key"]})
+
+    def key(self, step: int, name: str) -> str:
+        return f"{self.target}step-{step:08d}/{name}"
+
+    def body(self, step: int, name: str) -> bytes:
+        return self.s3.get_object(Bucket=BUCKET, Key=self.key(step, name))["Body"].read()
+
+    def rewrite(self, step: int, name: str, data: bytes) -> None:
+        """Replace one file and give the manifest its new size and sha256: a hash-consistent forgery."""
+        manifest = Manifest.from_json(self.body(step, MANIFEST_NAME))
+        files = tuple(FileEntry(e.name, len(data), hashlib.sha256(data).hexdigest()) if e.name == name else e
+                      for e in manifest.files)
+        self.s3.put_object(Bucket=BUCKET, Key=self.key(step, name), Body=data)
+        self.s3.put_object(Bucket=BUCKET, Key=self.key(step, MANIFEST_NAME),
+                           Body=replace(manifest, files=files).to_json().encode())
+
+
+def test_a_metadata_pointing_outside_the_checkpoint_is_refused(saved, s3, s3_endpoint, tmp_path):
+    copied = CopiedRun(s3, saved)
+    # step 50's .metadata sends its rank-0 shard reads to a file outside the checkpoint (a copy of
+    # that very shard, so DCP would load it without a complaint); the manifest is rewritten to match
+    outside = tmp_path / "outside.distcp"
+    outside.write_bytes(copied.body(50, "__0_0.distcp"))
+    (tmp_path / "tampered.metadata").write_bytes(copied.body(50, ".metadata"))
+    metadata = load_metadata(tmp_path / "tampered.metadata")
+    for info in metadata.storage_data.values():
+        if info.relative_path == "__0_0.distcp":
+            info.relative_path = str(outside)
+    copied.rewrite(50, ".metadata", pickle.dumps(metadata))
+
+    attempt = new_job(tmp_path / "job", copied.uri, worker_env(s3_endpoint)).run(
+        steps=50, restore_prefix=f"{copied.run}/step-00000050")
+    assert attempt.returncodes == [0, 0], attempt.explain()
+    assert attempt.restored["step"] == 40 and attempt.restored["tier"] == "durable"
+    rejected = {e["step"]: e["reason"] for e in attempt.of("checkpoint", status="rejected")}
+    assert list(rejected) == [50]
+    assert ".metadata: names files outside the manifest" in rejected[50] and str(outside) in rejected[50]
+    assert any("step 50" in f and "outside the manifest" in f for f in attempt.restored["fallbacks"])
+    assert any("not restoring the durable checkpoint of step 50" in log for log in attempt.logs)
+    assert attempt.finished["params_sha256"] == saved.params  # step 40, trained on to 50
+
+
+def test_hash_consistent_but_malformed_state_falls_back_to_the_previous_checkpoint(saved, s3, s3_endpoint,
+                                                                                     tmp_path):
+    copied = CopiedRun(s3, saved)
+    copied.rewrite(50, "state.json", b'{"model": {"weight": ')  # not JSON
+    # valid JSON of the wrong shape, and in one rank's file only: every rank must move on together
+    copied.rewrite(40, "rank-1.json", json.dumps({"step": 40, "rng": {"python": 3}, "extras": {}}).encode())
+
+    attempt = new_job(tmp_path, copied.uri, worker_env(s3_endpoint)).run(
+        steps=50, restore_prefix=f"{copied.run}/step-00000050")
+    assert attempt.returncodes == [0, 0], attempt.explain()
+    assert attempt.restored["step"] == 30 and attempt.restored["tier"] == "durable"
+    rejected = {e["step"]: e["reason"] for e in attempt.of("checkpoint", status="rejected")}
+    assert sorted(rejected) == [40, 50]
+    assert "state.json: not JSON" in rejected[50]
+    assert "rank-1.json: RNG state" in rejected[40]
+    assert [f.split(" (")[0] for f in attempt.restored["fallbacks"]] == ["durable step 50", "durable step 40"]
     assert attempt.finished["params_sha256"] == saved.params
 
 

@@ -49,6 +49,7 @@ def test_run_commits_verified_checkpoints_to_s3(first_run, s3):
     assert summary["final_step"] == 40
     assert [c["step"] for c in summary["checkpoints"]] == [20, 30, 40]  # keep_last=3 of 10, 20, 30, 40
     assert all(c["verified"] and c["uri"].startswith("s3://") for c in summary["checkpoints"])
+    assert summary["snapshots_failed"] == []  # retention never ran ahead of the verification
 
     objects = s3_objects(s3, first_run["uri"])
     manifests = sorted(k for k in objects if k.endswith("/manifest.json"))

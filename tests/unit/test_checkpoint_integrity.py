@@ -13,7 +13,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from trainflow.checkpoint.dcp_io import SafeFileSystemReader, UnsafeMetadata, load_metadata, own_files
+from trainflow.checkpoint.dcp_io import SafeFileSystemReader, UnsafeMetadata, files_outside, load_metadata, own_files
 from trainflow.checkpoint.manifest import FileEntry, Manifest, ManifestError, describe_file, verify_files
 from trainflow.checkpoint.storage import PARTIAL, Incomplete, LocalStorage, StorageError
 
@@ -41,8 +41,27 @@ def test_real_metadata_loads_with_the_restricted_unpickler(saved):
 def test_dcp_load_through_the_safe_reader(saved):
     folder, tensors = saved
     into = {key: torch.zeros_like(value) for key, value in tensors.items()}
-    dcp.load(into, storage_reader=SafeFileSystemReader(folder))
+    dcp.load(into, storage_reader=SafeFileSystemReader(folder, names_in(folder)))
     assert all(torch.equal(into[key], tensors[key]) for key in tensors)
+
+
+def names_in(folder) -> set[str]:
+    return {p.name for p in folder.iterdir()}
+
+
+def test_metadata_pointing_outside_the_checkpoint_is_refused(saved, tmp_path):
+    folder, tensors = saved
+    outside = tmp_path / "outside.distcp"
+    outside.write_bytes((folder / "__0_0.distcp").read_bytes())
+    metadata = load_metadata(folder / ".metadata")
+    for info in metadata.storage_data.values():
+        info.relative_path = str(outside)  # an absolute path: DCP would read it as is
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+    assert files_outside(load_metadata(folder / ".metadata"), names_in(folder)) == [repr(str(outside))]
+    into = {key: torch.zeros_like(value) for key, value in tensors.items()}
+    with pytest.raises(CheckpointException, match="outside the manifest"):
+        dcp.load(into, storage_reader=SafeFileSystemReader(folder, names_in(folder)))
+    assert all(not value.any() for value in into.values())  # nothing was read from the outside file
 
 
 class Exploit:
@@ -59,7 +78,7 @@ def test_metadata_naming_anything_else_is_refused(saved, payload):
     with pytest.raises(UnsafeMetadata):
         load_metadata(folder / ".metadata")
     with pytest.raises(CheckpointException, match="never needs"):
-        dcp.load({"half": torch.zeros(2, dtype=torch.bfloat16)}, storage_reader=SafeFileSystemReader(folder))
+        dcp.load({"half": torch.zeros(2, dtype=torch.bfloat16)}, storage_reader=SafeFileSystemReader(folder, names_in(folder)))
 
 
 def test_own_files_are_the_ranks_shards_and_the_coordinators_metadata(saved):

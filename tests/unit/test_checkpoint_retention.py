@@ -125,3 +125,25 @@ def test_run_of():
     assert run_of("run-a/step-00000040") == "run-a"
     assert run_of("deep/run-a/step-00000040/") == "deep/run-a"
     assert run_of("step-00000040") == ""
+
+
+def test_retention_lagging_behind_the_commits_never_deletes_what_is_not_yet_verified(store):
+    # the workers committed five checkpoints before the snapshot task verified the first; it then
+    # verifies them in commit order, applying retention after each, as tasks/snapshot.py does
+    for step in range(10, 51, 10):
+        commit(store, "run-a", step)
+    unverifiable = []
+    for step in range(10, 51, 10):
+        prefix = checkpoint_prefix("run-a", step)
+        if store.size(f"{prefix}/{MANIFEST_NAME}") is None or store.size(f"{prefix}/model.bin") != len(DATA):
+            unverifiable.append(step)
+        apply_retention(store, "run-a", keep_last=2, up_to_step=step)
+    assert unverifiable == []
+    assert steps(store) == [40, 50]
+
+
+def test_retention_up_to_a_step_leaves_newer_checkpoints_alone(store):
+    for step in range(10, 51, 10):
+        commit(store, "run-a", step)
+    assert apply_retention(store, "run-a", keep_last=2, up_to_step=30) == [10]
+    assert steps(store) == [20, 30, 40, 50]

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 
-from trainflow.checkpoint.storage import AlreadyExists, LocalStorage, StorageError, open_storage
+from trainflow.checkpoint.storage import AlreadyExists, Incomplete, LocalStorage, StorageError, open_storage
 
 
 @pytest.fixture
@@ -132,3 +133,41 @@ def test_open_storage_local(tmp_path):
     store = open_storage(str(tmp_path))
     assert isinstance(store, LocalStorage)
     assert store.uri == str(tmp_path)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 1 MiB tmpfs (root only), unmounted whatever happens."""
+    mountpoint = tmp_path / "tmpfs"
+    mountpoint.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mountpoint)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs (needs root)")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=True)
+
+
+def test_a_full_folder_is_a_storage_error_that_leaves_no_partial_file(small_tmpfs, tmp_path):
+    store = LocalStorage(small_tmpfs)
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom(2 << 20))
+    with pytest.raises(StorageError, match="No space left on device"):
+        store.upload(big, "run/step-00000010/__0_0.distcp")
+    assert store.list_incomplete() == [] and store.list() == []
+
+
+def test_a_folder_turned_read_only_is_a_storage_error_for_every_write(small_tmpfs, tmp_path):
+    store = LocalStorage(small_tmpfs)
+    store.put_if_absent("run/step-00000010/manifest.json", b"{}")
+    source = tmp_path / "shard"
+    source.write_bytes(b"x" * 100)
+    subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
+    assert store.read("run/step-00000010/manifest.json") == b"{}"  # reading still works
+    for write in (lambda: store.upload(source, "run/step-00000020/shard"),
+                  lambda: store.put_if_absent("run/step-00000020/manifest.json", b"{}"),
+                  lambda: store.delete(["run/step-00000010/manifest.json"]),
+                  lambda: store.abort_incomplete([Incomplete("run/step-00000010/manifest.json")])):
+        with pytest.raises(StorageError, match="Read-only file system"):
+            write()

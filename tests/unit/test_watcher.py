@@ -124,3 +124,70 @@ def test_an_exit_ends_the_watch_at_once(channel):
     launcher.exits = [NodeExit(0, None), NodeExit(1, 3)]
     result = watcher(channel, launcher, heartbeat_timeout_s=5, hang_timeout_s=30).run(poll_s=0.05)
     assert result.outcome == Outcome.CRASHED and "code 3" in result.reason
+
+
+def test_a_stall_while_ranks_wait_on_the_checkpoint_store_is_infra_not_a_hang(channel):
+    ranks = [reporter(channel, r) for r in range(2)]
+    try:
+        # sent before the last progress, on the same connections: known to the watcher when it stalls
+        ranks[0].send("checkpoint", step=4, prefix="run/step-00000004", status="failed",
+                      reason="upload failed: rank 0: ReadTimeoutError", bytes=0, stall_s=0.0)
+        for r in ranks:
+            r.send("storage", state="waiting", since=time.time(), call="waiting for the checkpoint save of step 5")
+            r.send("progress", steps=[{"step": 5, "step_time_s": 0.01, "compute_s": 0.01}])
+        launcher = StandInLauncher(2)
+        result = watcher(channel, launcher, heartbeat_timeout_s=5, hang_timeout_s=1.0).run(poll_s=0.05)
+        assert result.outcome == Outcome.INFRA
+        assert "blocked in storage calls" in result.reason and "checkpoint save of step 5" in result.reason
+        assert "last storage error: upload failed: rank 0: ReadTimeoutError" in result.reason
+        assert sorted(c["rank"] for c in result.evidence["storage_calls"]) == [0, 1]
+        assert not launcher.stacks_asked
+    finally:
+        for r in ranks:
+            r.close()
+
+
+def test_a_stall_after_the_storage_call_returned_is_still_a_hang(channel):
+    ranks = [reporter(channel, r) for r in range(2)]
+    try:
+        for r in ranks:
+            r.send("storage", state="waiting", since=time.time(), call="waiting for the checkpoint save of step 5")
+            r.send("storage", state="done", since=time.time(), call="waiting for the checkpoint save of step 5")
+            r.send("progress", steps=[{"step": 5, "step_time_s": 0.01, "compute_s": 0.01}])
+        result = watcher(channel, StandInLauncher(2), heartbeat_timeout_s=5, hang_timeout_s=1.0).run(poll_s=0.05)
+        assert result.outcome == Outcome.HUNG
+    finally:
+        for r in ranks:
+            r.close()
+
+
+class SlowToLeaveLauncher(StandInLauncher):
+    """Workers gone after finishing, their agents still in torchrun's exit barrier for `polls` polls."""
+
+    def __init__(self, nodes: int, polls: int):
+        super().__init__(nodes)
+        self.polls = polls
+
+    def poll(self, handle):
+        self.polls -= 1
+        if self.polls > 0:
+            return [NodeExit(e.node, None, workers_lost=True) for e in self.exits]
+        return [NodeExit(e.node, 0) for e in self.exits]
+
+
+def test_agents_slow_to_leave_after_the_job_finished_are_not_a_crash(channel):
+    ranks = [reporter(channel, r) for r in range(2)]
+    try:
+        for r in ranks:
+            r.send("progress", steps=[{"step": 5, "step_time_s": 0.01}])
+        ranks[0].send("finished", step=5, params_sha256="0" * 64, loss=0.1)
+        deadline = time.monotonic() + 30
+        while channel.snapshot().finished is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # more polls than the 3 s a crashed worker's agent gets, at 0.05 s a poll
+        result = watcher(channel, SlowToLeaveLauncher(2, polls=80), heartbeat_timeout_s=30,
+                         hang_timeout_s=30).run(poll_s=0.05)
+        assert result.outcome == Outcome.SUCCEEDED, result.reason
+    finally:
+        for r in ranks:
+            r.close()

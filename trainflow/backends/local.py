@@ -153,6 +153,9 @@ class LocalLauncher:
         processes can act on it), then SIGKILL after the grace period."""
         running = [proc for proc in handle.processes.values() if proc.poll() is None]
         members = self._session_members([proc.pid for proc in handle.processes.values()])
+        # torchrun starts each worker in a session of its own: one blocked where it cannot act on
+        # SIGTERM (a call to a store that does not answer) would outlive its agent
+        workers = [w for known in handle.workers.values() for w in known if w not in members]
         for proc in running:
             signal_session(proc.pid, signal.SIGTERM)
             signal_session(proc.pid, signal.SIGCONT)
@@ -162,8 +165,13 @@ class LocalLauncher:
         for proc in handle.processes.values():
             signal_session(proc.pid, signal.SIGKILL)
             proc.wait()
-        psutil.wait_procs([m for m in members if m.is_running()], timeout=5)
-        return len(members)
+        for worker in workers:
+            try:
+                worker.kill()  # psutil checks the pid still names this process
+            except psutil.Error:
+                pass
+        psutil.wait_procs([m for m in members + workers if m.is_running()], timeout=5)
+        return len(members) + len(workers)
 
     def probe(self, handle: AttemptHandle, node: int) -> str:
         """How a silent node looks from this machine: its processes stopped, running, or gone."""

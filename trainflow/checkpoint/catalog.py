@@ -96,14 +96,21 @@ def retained_steps(
     return kept | (set(ordered) & set(protect))
 
 
-def apply_retention(storage: Storage, run_id: str, keep_last: int, keep_every_steps: int = 0) -> list[int]:
+def apply_retention(
+    storage: Storage, run_id: str, keep_last: int, keep_every_steps: int = 0, up_to_step: int | None = None
+) -> list[int]:
     """Delete the committed checkpoints of a run the policy does not keep; returns the deleted steps.
 
-    The newest verified checkpoint is always kept, even when newer ones are damaged. The manifest
-    goes first so a half-deleted checkpoint is never mistaken for a committed one.
+    Only checkpoints at steps up to `up_to_step` (None: all) are weighed: the snapshot task passes
+    the step it has just verified, so a checkpoint committed since, which it has not yet verified
+    and recorded, is never deleted under it. The newest verified checkpoint is always kept, even
+    when newer ones are damaged. The manifest goes first so a half-deleted checkpoint is never
+    mistaken for a committed one.
     """
     retained_steps([], keep_last, keep_every_steps)  # refuse a bad policy before touching anything
     committed = sorted(list_committed(storage, run_id), key=lambda c: c.step)
+    if up_to_step is not None:
+        committed = [c for c in committed if c.step <= up_to_step]
     if len(committed) <= keep_last:
         return []
     newest_verified = next((c.step for c in reversed(committed) if not missing_or_resized(storage, c)), None)

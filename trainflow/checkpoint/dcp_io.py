@@ -50,12 +50,35 @@ def load_metadata(path: Path):
         return _MetadataUnpickler(handle).load()
 
 
+def files_outside(metadata: Any, allowed: set[str]) -> list[str]:
+    """The files DCP's metadata would read that are not among `allowed` (plain names in the
+    checkpoint folder): DCP joins each storage item's relative path to the folder, so an absolute
+    path or `..` in a crafted `.metadata` would read a file the manifest never vouched for."""
+    storage_data = getattr(metadata, "storage_data", None)
+    if not isinstance(storage_data, dict):
+        return ["(no storage items)"]
+    outside = set()
+    for info in storage_data.values():
+        path = getattr(info, "relative_path", None)
+        if not isinstance(path, str) or path not in allowed:
+            outside.add(repr(path))
+    return sorted(outside)
+
+
 class SafeFileSystemReader(dcp.FileSystemReader):
-    """FileSystemReader whose `.metadata` is read with the restricted unpickler above."""
+    """FileSystemReader whose `.metadata` is read with the restricted unpickler above, and which
+    reads only the files in `allowed` (the manifest's list)."""
+
+    def __init__(self, path: str | Path, allowed: set[str]):
+        super().__init__(path)
+        self.allowed = set(allowed)
 
     def read_metadata(self, *args: Any, **kwargs: Any):
         rank = kwargs.get("rank")
         metadata = load_metadata(Path(self._get_metadata_path(rank)))
+        outside = files_outside(metadata, self.allowed)
+        if outside:
+            raise UnsafeMetadata(f".metadata names files outside the manifest: {', '.join(outside[:5])}")
         from torch.distributed.checkpoint.metadata import StorageMeta
 
         if getattr(metadata, "storage_meta", None) is None:

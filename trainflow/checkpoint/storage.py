@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -51,6 +53,17 @@ class Storage(Protocol):
     def check(self) -> None: ...
 
 
+@contextmanager
+def _as_storage_error(where: str) -> Iterator[None]:
+    """A local file system fault (full, read-only, gone) is a storage fault like any S3 one."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except OSError as exc:
+        raise StorageError(f"{where}: {exc.strerror or exc}") from None
+
+
 def _partial_name(target: Path) -> Path:
     return target.with_name(f"{target.name}{PARTIAL}{os.getpid()}-{threading.get_ident()}")
 
@@ -65,9 +78,9 @@ class LocalStorage:
 
     def upload(self, path: Path, key: str) -> None:
         target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
         partial = _partial_name(target)
         try:
+            target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, partial)
             with open(partial, "rb") as handle:
                 os.fsync(handle.fileno())  # the durable tier: on disk before the manifest names it
@@ -88,68 +101,76 @@ class LocalStorage:
             self.download(key, path)
 
     def download(self, key: str, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            shutil.copyfile(self._path(key), path)
-        except FileNotFoundError:
-            raise StorageError(f"{self.uri}/{key}: not found") from None
+        with _as_storage_error(f"{self.uri}/{key}"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                shutil.copyfile(self._path(key), path)
+            except FileNotFoundError:
+                raise StorageError(f"{self.uri}/{key}: not found") from None
 
     def put_if_absent(self, key: str, data: bytes) -> None:
         target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = _partial_name(target)
-        with open(partial, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        try:
-            os.link(partial, target)  # link() fails if the target exists: an atomic create-if-absent
-        except FileExistsError:
-            raise AlreadyExists(f"{self.uri}/{key} already exists") from None
-        finally:
-            partial.unlink(missing_ok=True)
+        with _as_storage_error(f"{self.uri}/{key}"):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = _partial_name(target)
+            try:
+                with open(partial, "wb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.link(partial, target)  # link() fails if the target exists: an atomic create-if-absent
+            except FileExistsError:
+                raise AlreadyExists(f"{self.uri}/{key} already exists") from None
+            finally:
+                partial.unlink(missing_ok=True)
 
     def read(self, key: str) -> bytes:
-        try:
-            return self._path(key).read_bytes()
-        except FileNotFoundError:
-            raise StorageError(f"{self.uri}/{key}: not found") from None
+        with _as_storage_error(f"{self.uri}/{key}"):
+            try:
+                return self._path(key).read_bytes()
+            except FileNotFoundError:
+                raise StorageError(f"{self.uri}/{key}: not found") from None
 
     def size(self, key: str) -> int | None:
         path = self._path(key)
-        return path.stat().st_size if path.is_file() else None
+        with _as_storage_error(f"{self.uri}/{key}"):
+            return path.stat().st_size if path.is_file() else None
 
     def list(self, prefix: str = "") -> list[str]:
         base = self._path(prefix) if prefix else self.root
-        if not base.exists():
-            return []
-        return sorted(
-            str(p.relative_to(self.root))
-            for p in base.rglob("*")
-            if p.is_file() and PARTIAL not in p.name
-        )
+        with _as_storage_error(f"{self.uri}/{prefix}"):
+            if not base.exists():
+                return []
+            return sorted(
+                str(p.relative_to(self.root))
+                for p in base.rglob("*")
+                if p.is_file() and PARTIAL not in p.name
+            )
 
     def delete(self, keys: list[str]) -> None:
-        for key in keys:
-            self._path(key).unlink(missing_ok=True)
-        for key in keys:  # drop folders the deletes emptied
-            parent = self._path(key).parent
-            while parent != self.root and parent.is_dir() and not any(parent.iterdir()):
-                parent.rmdir()
-                parent = parent.parent
+        with _as_storage_error(self.uri):
+            for key in keys:
+                self._path(key).unlink(missing_ok=True)
+            for key in keys:  # drop folders the deletes emptied
+                parent = self._path(key).parent
+                while parent != self.root and parent.is_dir() and not any(parent.iterdir()):
+                    parent.rmdir()
+                    parent = parent.parent
 
     def list_incomplete(self, prefix: str = "") -> list[Incomplete]:
         base = self._path(prefix) if prefix else self.root
-        if not base.exists():
-            return []
-        return sorted(
-            (Incomplete(str(p.relative_to(self.root))) for p in base.rglob(f"*{PARTIAL}*") if p.is_file()),
-            key=lambda item: item.key,
-        )
+        with _as_storage_error(f"{self.uri}/{prefix}"):
+            if not base.exists():
+                return []
+            return sorted(
+                (Incomplete(str(p.relative_to(self.root))) for p in base.rglob(f"*{PARTIAL}*") if p.is_file()),
+                key=lambda item: item.key,
+            )
 
     def abort_incomplete(self, items: list[Incomplete]) -> None:
-        for item in items:
-            self._path(item.key).unlink(missing_ok=True)
+        with _as_storage_error(self.uri):
+            for item in items:
+                self._path(item.key).unlink(missing_ok=True)
 
     def check(self) -> None:
         try:

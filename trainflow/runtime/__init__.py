@@ -86,6 +86,7 @@ class Run:
         self._metrics: dict[str, float] = {}
         self._last_loss: float | None = None
         self._saved_step: int | None = None
+        self._durable_step: int | None = None  # the newest step this worker knows is in the checkpoint store
         self._data_wait = 0.0
         self._progress: list[dict] = []
         if self.local_rank == 0:  # one sampler per node
@@ -107,6 +108,8 @@ class Run:
         if restored is None:
             return 0
         self.step = restored.step
+        if restored.tier == "durable":
+            self._durable_step = restored.step
         self.reporter.send(
             "restored", step=restored.step, prefix=restored.prefix, tier=restored.tier, bytes=restored.bytes,
             seconds=restored.seconds, fallbacks=list(restored.fallbacks),
@@ -141,6 +144,10 @@ class Run:
             if checkpoint_due and self._saved_step != step:
                 self.checkpoint()
                 self._saved_step = step
+        if self._state is not None and self.step == self.total_steps and self._durable_step != self.step:
+            # restored from a node-local copy of the last step, nothing left to train: that copy is
+            # the only one, and a run succeeds only once its final state is in the checkpoint store
+            self.checkpoint()
 
     def _at_control_point(self, step: int, elapsed: float, verify: bool) -> None:
         model = self._state.model if self._state is not None else None
@@ -193,7 +200,9 @@ class Run:
         # returns once the checkpoint is committed to the checkpoint URI.
         preempting = getattr(getattr(self, "_control", None), "preempt_requested_at", None) is not None
         scheduled = self.step % self.config.every_steps == 0 and self.step < self.total_steps
-        self._checkpointer.save(self.step, self._state, commit=preempting or not scheduled)
+        saved = self._checkpointer.save(self.step, self._state, commit=preempting or not scheduled)
+        if saved.committed:
+            self._durable_step = self.step
         if self.is_main:
             self._metrics.update(self._checkpointer.take_metrics())
 

@@ -28,10 +28,12 @@ import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for_futures
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -55,11 +57,13 @@ from trainflow.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest, Ma
 from trainflow.checkpoint.policy import SnapshotPolicy
 from trainflow.checkpoint.storage import Storage, StorageError
 from trainflow.checkpoint.transfer_agent import TransferAgent
+from trainflow.runtime.restore_checks import metadata_problems, read_personal, read_shared, tensor_refs
 from trainflow.runtime.state import capture_rng, join_tensors, restore_rng, split_tensors
 from trainflow.worker_config import WorkerConfig
 
 SHARED_STATE = "state.json"
 BACKGROUND_NICENESS = 19  # how far below training the background save runs (see _yield_to_training)
+STORAGE_WAIT_REPORT_S = 1.0  # training waiting this long for a save is reported as blocked in a storage call
 
 
 class CheckpointInvalid(RuntimeError):
@@ -188,6 +192,7 @@ class Checkpointer:
             initializer=_yield_to_training, initargs=(niceness,),
         )
         self._pending: Future | None = None
+        self._pending_step = 0
         self._last: _Saved | None = None
         self._saves = 0
         self._metrics: dict[str, float] = {}
@@ -209,6 +214,7 @@ class Checkpointer:
         if last is not None and last.step == step and last.manifest is not None:
             if not last.committed:
                 self._pending = self._worker.submit(self._snapshot_again, last, began)
+                self._pending_step = step
                 last = self._wait()
                 self._require_committed(last)
             return SaveOutcome(step, time.perf_counter() - began, 0.0, last.committed)
@@ -221,7 +227,7 @@ class Checkpointer:
         stall_s = time.perf_counter() - began
         save_id = f"a{self.config.attempt}-{self._saves}"
         job = _Job(step, save_id, staged, shared, personal, commit, stage_s, began, stall_s)
-        self._pending = self._worker.submit(self._save_in_background, job)
+        self._pending, self._pending_step = self._worker.submit(self._save_in_background, job), step
         if commit:
             self._require_committed(self._wait())
         stall = time.perf_counter() - began
@@ -251,10 +257,25 @@ class Checkpointer:
         with self._metrics_lock:
             self._metrics.update(figures)
 
+    @contextmanager
+    def _storage_call(self, call: str) -> Iterator[None]:
+        """Tell the orchestrator training is blocked on the checkpoint store, and when it is not any
+        more: a stall in a storage call is a storage outage, not a hang of the training."""
+        since = time.time()
+        self.send("storage", state="waiting", since=since, call=call)
+        try:
+            yield
+        finally:
+            self.send("storage", state="done", since=since, call=call)
+
     def _wait(self) -> _Saved | None:
         if self._pending is not None:
             future, self._pending = self._pending, None
             try:
+                done, _ = wait_for_futures([future], timeout=STORAGE_WAIT_REPORT_S)
+                if not done:
+                    with self._storage_call(f"waiting for the checkpoint save of step {self._pending_step}"):
+                        wait_for_futures([future])
                 self._last = future.result()
             except (Exception, CheckpointException) as exc:  # a collective under the save failed: a peer is gone
                 _warn(f"checkpoint save failed: {_describe(exc)}")
@@ -417,7 +438,17 @@ class Checkpointer:
                 )
                 return True, ""
         self._report_failed(manifest.step, prefix, reason, manifest.total_bytes, self._stall(waited_since=waited_since))
+        self._remove_uncommitted(prefix, manifest)
         return False, reason
+
+    def _remove_uncommitted(self, prefix: str, manifest: Manifest) -> None:
+        """Rank 0, after a failed snapshot: remove the files every rank uploaded for it (a store that
+        filled up would otherwise keep them for good), unless the step is committed after all."""
+        try:
+            if self.storage.size(f"{prefix}/{MANIFEST_NAME}") is None:
+                self.storage.delete([f"{prefix}/{e.name}" for e in manifest.files])
+        except StorageError as exc:
+            _warn(f"files of the failed snapshot {prefix} not removed: {exc}")
 
     def _report_failed(self, step: int, prefix: str, reason: str, size: int, stall_s: float) -> None:
         _warn(f"checkpoint at step {step} not committed: {reason}")
@@ -451,8 +482,9 @@ class Checkpointer:
                     restored = self._restore_durable(candidate, state)
             except _Rejected as exc:
                 reason = str(exc)
-                fallbacks.append(f"{candidate.tier} {candidate.prefix}: {reason}")
-                _warn(f"not restoring {candidate.tier} {candidate.prefix}: {reason}")
+                fallbacks.append(f"{candidate.tier} step {candidate.step} ({candidate.prefix}): {reason}")
+                _warn(f"not restoring the {candidate.tier} checkpoint of step {candidate.step} "
+                      f"({candidate.prefix}): {reason}")
                 if self.rank == 0 and candidate.tier == "durable":
                     self.send("checkpoint", step=candidate.step, prefix=candidate.prefix, status="rejected",
                               reason=reason[:2000], bytes=0, stall_s=0.0)
@@ -561,7 +593,9 @@ class Checkpointer:
             shutil.rmtree(folder, ignore_errors=True)
             began = time.perf_counter()
             try:
-                self.storage.download_many([(f"{candidate.prefix}/{e.name}", folder / e.name) for e in manifest.files])
+                with self._storage_call(f"downloading the checkpoint {candidate.prefix}"):
+                    self.storage.download_many(
+                        [(f"{candidate.prefix}/{e.name}", folder / e.name) for e in manifest.files])
             except StorageError as exc:
                 problems = [str(exc)]
             transfer_s = time.perf_counter() - began
@@ -581,14 +615,19 @@ class Checkpointer:
         return replace(restored, transfer_s=transfer_s, verify_s=verify_s)
 
     def _load(self, folder: Path, manifest: Manifest, state: Stateful, prefix: str, tier: str) -> Restored:
-        """Read a verified checkpoint into the live objects. Only JSON and DCP's tensors are read."""
+        """Read a verified checkpoint into the live objects. Only JSON and DCP's tensors are read,
+        and only from files the manifest lists; a checkpoint whose own files are malformed is
+        rejected on every rank alike (the problems are gathered first)."""
         began = time.perf_counter()
         model_sd, optim_sd = self._state_dicts(state)
         template, _ = split_tensors({"model": model_sd, "optim": optim_sd})
-        shared = json.loads((folder / SHARED_STATE).read_text())
         own = folder / rank_file(self.rank)
-        personal = json.loads((own if own.exists() else folder / rank_file(0)).read_text())
-        refs = _tensor_refs(shared)
+        listed = {e.name for e in manifest.files}
+        shared, problems = read_shared(folder / SHARED_STATE)
+        personal, more = read_personal(own if own.name in listed else folder / rank_file(0), manifest.step)
+        problems += more + metadata_problems(folder, listed)
+        self._reject_if_any(problems)
+        refs = tensor_refs(shared)
         unknown = [key for key in refs if key not in template]
         if unknown:
             raise ValueError(
@@ -597,7 +636,7 @@ class Checkpointer:
             )
         wanted = {key: template[key] for key in refs}
         try:
-            dcp.load(wanted, storage_reader=SafeFileSystemReader(folder), process_group=self.group)
+            dcp.load(wanted, storage_reader=SafeFileSystemReader(folder, listed), process_group=self.group)
         except CheckpointException as exc:  # raised on every rank alike; the next candidate rewrites every tensor
             raise _Rejected(f"DCP could not read it: {str(exc).splitlines()[-1][:500]}") from None
         restored = join_tensors(shared, wanted)
@@ -610,12 +649,23 @@ class Checkpointer:
             )
         else:
             set_state_dict(state.model, [], model_state_dict=restored["model"], optim_state_dict={})
-        if own.exists():
-            restore_rng(personal["rng"])
+        problems = []
+        if own.name in listed:
+            try:
+                restore_rng(personal["rng"])
+            except (TypeError, ValueError, RuntimeError, IndexError, OverflowError) as exc:
+                problems.append(f"{own.name}: RNG state not restorable ({type(exc).__name__}: {str(exc)[:200]})")
+        self._reject_if_any(problems)
         for name, obj in state.extras.items():
             if name in personal["extras"]:
                 obj.load_state_dict(personal["extras"][name])
         return Restored(manifest.step, prefix, tier, manifest.total_bytes, load_s=time.perf_counter() - began)
+
+    def _reject_if_any(self, problems: list[str]) -> None:
+        """Collective: every rank rejects the candidate when any rank found a problem."""
+        seen = list(dict.fromkeys(p for g in self._all_gather(problems) for p in g))
+        if seen:
+            raise _Rejected("; ".join(seen))
 
     # ---- helpers ------------------------------------------------------------------------------
 
@@ -636,20 +686,3 @@ class Checkpointer:
         dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
 
-
-def _tensor_refs(tree: Any) -> list[str]:
-    refs: list[str] = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if "__tensor__" in node and len(node) == 1:
-                refs.append(node["__tensor__"])
-            else:
-                for value in node.values():
-                    walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(tree)
-    return refs
