@@ -25,6 +25,7 @@ from trainflow.backends.netns import NetworkError, NodeNetwork
 from trainflow.backends.ports import free_port, is_listening
 from trainflow.backends.processes import describe, job_processes, signal_session, terminate, wait_until_gone
 from trainflow.backends.worker import worker_config
+from trainflow.capacity import local_capacity_problem
 from trainflow.worker_config import CONFIG_ENV, JOB_ENV
 
 LOOPBACK = "127.0.0.1"
@@ -86,19 +87,9 @@ class LocalLauncher:
 
     @staticmethod
     def _check_capacity(spec) -> None:
-        if spec.resources.gpu:
-            import torch
-
-            needed = spec.resources.nodes * spec.resources.gpu
-            if torch.cuda.device_count() < needed:
-                raise ProvisionError(
-                    f"resources: {needed} GPUs requested, {torch.cuda.device_count()} visible on this machine"
-                )
-        if spec.resources.cpu * spec.resources.nodes > 4 * (os.cpu_count() or 1):
-            raise ProvisionError(
-                f"resources.cpu: {spec.resources.cpu} x {spec.resources.nodes} nodes oversubscribes "
-                f"this machine's {os.cpu_count()} cores more than fourfold"
-            )
+        problem = local_capacity_problem(spec.resources)  # preflight refuses these first; flows may skip it
+        if problem:
+            raise ProvisionError(problem)
 
     def launch(self, spec, allocation: Allocation, plan: AttemptPlan) -> AttemptHandle:
         attempt_dir = allocation.scratch / f"attempt-{plan.attempt}"
