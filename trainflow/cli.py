@@ -41,21 +41,52 @@ def _stop_on_sigterm() -> None:
     """SIGTERM (a scheduler, `kill`) unwinds like Ctrl-C, so teardown still runs."""
 
     def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
+        raise KeyboardInterrupt(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, interrupt)
 
 
 @contextmanager
 def orchestrating():
-    """Around every command that runs a flow: SIGTERM unwinds like Ctrl-C, and the Prefect API
-    outlives the flow's teardown: PREFECT_API_URL's server, or a temporary one of trainflow's own
-    (in its own session, so the terminal's Ctrl-C does not end it first; gone with this process)."""
+    """Around every command that runs a flow: SIGTERM unwinds like Ctrl-C, the exit code says which
+    signal stopped it, and the Prefect API outlives the flow's teardown."""
     # the temporary server's telemetry writes race the flow's own writes to its SQLite database
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # should Prefect start a temporary server of its own after all, a busy host gets time to start it
     os.environ.setdefault(STARTUP_TIMEOUT_ENV, str(STARTUP_TIMEOUT_S))
     _stop_on_sigterm()
+    with _exit_on_signal(), _prefect_api():
+        yield
+
+
+@contextmanager
+def _exit_on_signal():
+    """A run stopped by a signal (its teardown done) exits 128 + the signal's number, saying so."""
+    try:
+        yield
+    except BaseException as exc:
+        signum = _stopping_signal(exc)
+        if signum is None:
+            raise
+        typer.echo(f"trainflow: interrupted ({signal.Signals(signum).name})", err=True)
+        raise typer.Exit(128 + signum) from None
+
+
+def _stopping_signal(exc: BaseException) -> int | None:
+    if isinstance(exc, KeyboardInterrupt):
+        return signal.SIGTERM if str(exc) == "SIGTERM" else signal.SIGINT
+    if "prefect" in sys.modules:
+        from prefect.exceptions import TerminationSignal  # Prefect's own SIGTERM handler, while a flow runs
+
+        if isinstance(exc, TerminationSignal):
+            return exc.signal
+    return None
+
+
+@contextmanager
+def _prefect_api():
+    """PREFECT_API_URL's server, or a temporary one of trainflow's own: in its own session, so the
+    terminal's Ctrl-C does not end it before teardown has reported; gone with this process."""
     if os.environ.get("PREFECT_API_URL"):
         yield
         return

@@ -121,3 +121,21 @@ class Tracker:
     def end_run(self, run_id: str, status: str) -> None:
         with self._lock:
             self.client.set_terminated(run_id, status=status)
+
+    def run_status(self, run_id: str) -> str:
+        """RUNNING, FINISHED, FAILED or KILLED."""
+        with self._lock:
+            return self.client.get_run(run_id).info.status
+
+    def end_running(self, experiment: str, filter_string: str, status: str) -> list[str]:
+        """End the runs of `experiment` matching `filter_string` that are still RUNNING; their ids."""
+        with self._lock:
+            found = self.client.get_experiment_by_name(experiment)
+            if found is None:
+                return []
+            running = self.client.search_runs(
+                [found.experiment_id], filter_string=f"{filter_string} and attributes.status = 'RUNNING'"
+            )
+            for run in running:
+                self.client.set_terminated(run.info.run_id, status=status)
+        return [run.info.run_id for run in running]
