@@ -50,7 +50,7 @@ def endless_run(home: Path, prefect_home: Path, marker: Path, *extra: str) -> su
         "--set", f"workload.args=[--announce-at-step, '{ANNOUNCE_AT_STEP}', --marker, '{marker}']",
         "--set", "workload.steps=100000000", "--set", "checkpoint.every_steps=100000000", *extra,
     ]
-    home.mkdir(parents=True, exist_ok=True)
+    home.mkdir(parents=True, exist_ok=True)  # a second run shares the first one's home
     with open(home.parent / "stdout", "ab") as stdout, open(home.parent / "stderr", "ab") as stderr:
         proc = subprocess.Popen(
             command, env=env, cwd=ROOT, stdout=stdout, stderr=stderr, start_new_session=True,
@@ -148,3 +148,37 @@ def test_a_signal_to_the_process_group_ends_the_run_cleanly_with_an_emergency_ch
     assert run_folders(home) == []
     assert wait_gone(home) == []
     assert not server.is_running() and not is_listening(port)
+
+
+def test_a_sigkilled_orchestrator_takes_its_server_and_agents_along_and_the_next_run_reaps_the_rest(
+        home, prefect_home, tmp_path):
+    marker = tmp_path / "training"
+    proc = endless_run(home, prefect_home, marker)
+    wait_for(marker.exists, proc, "training step")
+    server, port = temporary_server(proc)
+    [run_folder] = run_folders(home)
+
+    os.kill(proc.pid, signal.SIGKILL)  # the orchestrator alone: no teardown runs
+    proc.wait()
+
+    # the temporary server and the torchrun agents (with their workers) go with it
+    assert wait_gone(home) == []
+    assert not server.is_running() and not is_listening(port)
+    # the agents' SIGTERM made the workers save an emergency checkpoint on the way out
+    assert committed_steps(home) and committed_steps(home)[-1] >= ANNOUNCE_AT_STEP
+    [killed] = mlflow_runs(home)
+    assert killed.info.status == "RUNNING"  # nobody could close it yet
+
+    # the next run reaps what the dead orchestrator recorded, and resumes from that checkpoint
+    newest = committed_steps(home)[-1]
+    resumed = endless_run(home, prefect_home, tmp_path / "resumed", "--resume", "--json",
+                          "--set", f"workload.steps={newest + 10}", "--set", f"checkpoint.every_steps={newest + 10}")
+    assert wait_exit(resumed) == 0, stderr_of(resumed)[-4000:]
+    summary = json.loads((home.parent / "stdout").read_text().strip().splitlines()[-1])
+    assert summary["status"] == "succeeded"
+    assert summary["attempts"][0]["resumed_from_step"] == newest
+    reaped = MlflowClient(summary["tracking_uri"]).get_run(killed.info.run_id)
+    assert reaped.info.status == "FAILED"
+    assert "the orchestrator died before teardown" in reaped.data.tags["reason"]
+    assert not run_folder.exists() and run_folders(home) == []
+    assert wait_gone(home) == []

@@ -22,6 +22,7 @@ import psutil
 from trainflow.backends import register
 from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, NodeExit, ReleaseReport
 from trainflow.backends.netns import NetworkError, NodeNetwork
+from trainflow.backends.parent_death import ends_with_this_process
 from trainflow.backends.ports import free_port, is_listening
 from trainflow.backends.processes import describe, job_processes, signal_session, terminate, wait_until_gone
 from trainflow.backends.worker import worker_config
@@ -110,6 +111,7 @@ class LocalLauncher:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    preexec_fn=ends_with_this_process(),
                 )
             handle.logs[node] = log_path
         allocation.details.setdefault("sessions", []).extend(p.pid for p in handle.processes.values())
