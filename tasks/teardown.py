@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TypeVar
 
 from prefect import get_run_logger
@@ -49,7 +51,7 @@ def teardown(
         elif record is not None:
             report = clear_unprovisioned(run_id)  # stopped inside provision: what it had reserved so far
     finally:
-        close_tracking(spec, run_id, record, provisioned, report, finalized, stopped_by)
+        close_tracking(spec, run_id, record, provisioned, report, finalized, stopped_by, logger)
     if report["clean"]:
         logger.info(
             "teardown: %d process(es) stopped, ports %s released, %d path(s) removed",
@@ -62,13 +64,16 @@ def teardown(
 
 def close_tracking(
     spec: RunSpec, run_id: str, record: RunRecord | None, provisioned: Provisioned | None, report: dict,
-    finalized: bool, stopped_by: str | None,
+    finalized: bool, stopped_by: str | None, logger: logging.Logger | logging.LoggerAdapter,
 ) -> None:
     """Leave no MLflow run of this lifecycle RUNNING: attempts cut short are KILLED, the run itself
     FAILED (KILLED when a signal stopped it) unless finalize closed it."""
-    logger = get_run_logger()
+    persist = partial(persist_write, logger=logger)
     experiment = record.experiment if record else spec.tracking.experiment or spec.name
-    tracker = provisioned.tracker if provisioned else Tracker(record.tracking_uri if record else tracking_uri_for(spec))
+    uri = record.tracking_uri if record else tracking_uri_for(spec)
+    tracker = provisioned.tracker if provisioned else persist(lambda: Tracker(uri))
+    if tracker is None:
+        return
     if record is None:  # stopped while start-tracking ran: the run it may have opened carries run_id
         ended = persist(lambda: tracker.end_running(experiment, f"tags.`trainflow.run_id` = '{run_id}'", "KILLED"))
         if ended:
@@ -80,7 +85,7 @@ def close_tracking(
         logger.warning("attempt run(s) %s were still open: ended KILLED", ", ".join(ended))
     persist(lambda: tracker.log_json(run, report, "teardown.json"))
     persist(lambda: tracker.set_tags(run, {"teardown_clean": str(report["clean"]).lower()}))
-    if finalized or persist(lambda: tracker.run_status(run)) != "RUNNING":
+    if finalized or persist(lambda: tracker.run_status(run)) in ("FINISHED", "FAILED", "KILLED"):
         return
     if stopped_by:
         tags = {"status": "killed", "reason": f"stopped by {stopped_by} before it finished"}
@@ -90,7 +95,7 @@ def close_tracking(
     persist(lambda: tracker.end_run(run, "KILLED" if stopped_by else "FAILED"))
 
 
-def persist(write: Callable[[], T]) -> T | None:
+def persist_write(write: Callable[[], T], logger: logging.Logger | logging.LoggerAdapter) -> T | None:
     """One of teardown's MLflow writes, retried while the store is locked; a write that still fails
     is logged and skipped, so the writes after it (closing the run) are still tried."""
     for delay in (*WRITE_RETRY_DELAYS_S, None):
@@ -98,8 +103,9 @@ def persist(write: Callable[[], T]) -> T | None:
             return write()
         except Exception as exc:  # noqa: BLE001 - MLflow wraps the store's errors in several types
             if delay is not None and "locked" in str(exc).lower():
+                logger.warning("the MLflow store is locked by another writer; retrying in %g s", delay)
                 time.sleep(delay)
                 continue
-            get_run_logger().error("teardown could not write to MLflow: %s: %s", type(exc).__name__, exc)
+            logger.error("teardown could not write to MLflow: %s: %s", type(exc).__name__, exc)
             return None
     return None

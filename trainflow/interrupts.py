@@ -1,4 +1,5 @@
-"""Signals that stop a run: which one it was, and finishing teardown when another comes.
+"""Signals that stop a run: which one it was, steps they must not cut in half, and finishing
+teardown when another comes.
 
 Ctrl-C and SIGTERM stop the flow wherever it is; the flow's teardown then ends the attempt (with an
 emergency checkpoint), frees its resources and closes its MLflow runs. A second Ctrl-C, pressed
@@ -15,6 +16,25 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 HELD = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Let the block finish before SIGINT or SIGTERM act: one that arrives meanwhile is delivered
+    again, to its usual handler, right after the block (for steps that must not be cut in half,
+    like creating the tables of a new MLflow store)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: arrived.append(signum)) for signum in HELD}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    for signum in arrived[:1]:
+        signal.raise_signal(signum)
 
 
 def signal_name(signum: int) -> str:

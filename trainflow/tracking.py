@@ -15,6 +15,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from trainflow.home import artifacts_root, default_tracking_uri
+from trainflow.interrupts import signals_deferred
 from trainflow.spec import RunSpec
 
 PARENT_TAG = "mlflow.parentRunId"
@@ -59,7 +60,8 @@ def spec_params(spec: RunSpec) -> dict[str, str]:
 class Tracker:
     def __init__(self, uri: str):
         self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
+        with signals_deferred():  # a new SQLite store creates its tables here: half of them breaks it for good
+            self.client = MlflowClient(tracking_uri=uri)
         self._lock = threading.Lock()
 
     def experiment_id(self, name: str) -> str:

@@ -150,6 +150,31 @@ def test_a_signal_to_the_process_group_ends_the_run_cleanly_with_an_emergency_ch
     assert not server.is_running() and not is_listening(port)
 
 
+MOMENTS = {
+    "start-tracking": lambda home: (home / "mlflow.db").exists(),
+    "provision": lambda home: any((home / "runs").glob("*/orchestrator.json")),
+    "launch": lambda home: any((home / "runs").glob("*/attempt-1/node-*.log")),
+}
+
+
+@pytest.mark.parametrize("moment", list(MOMENTS))
+def test_a_group_sigterm_early_in_the_run_leaves_nothing_open_or_behind(home, prefect_home, tmp_path, moment):
+    proc = endless_run(home, prefect_home, tmp_path / "training")
+    wait_for(lambda: MOMENTS[moment](home), proc, moment)
+    server, port = temporary_server(proc)
+
+    os.killpg(proc.pid, signal.SIGTERM)
+    returncode = wait_exit(proc)
+
+    stderr = stderr_of(proc)
+    assert returncode == 128 + signal.SIGTERM, stderr[-4000:]
+    assert "Traceback" not in stderr and "ConnectError" not in stderr, stderr[-4000:]
+    assert [(r.info.run_name, r.info.status) for r in mlflow_runs(home) if r.info.status == "RUNNING"] == []
+    assert run_folders(home) == []
+    assert wait_gone(home) == []
+    assert not server.is_running() and not is_listening(port)
+
+
 def test_a_sigkilled_orchestrator_takes_its_server_and_agents_along_and_the_next_run_reaps_the_rest(
         home, prefect_home, tmp_path):
     marker = tmp_path / "training"
