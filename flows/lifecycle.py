@@ -15,6 +15,7 @@ from dataclasses import asdict
 from itertools import count
 
 from prefect import flow
+from prefect.exceptions import TerminationSignal
 from prefect.states import Completed, Failed
 
 from tasks.attempts import classify_outcome, recover_nodes, release_attempt
@@ -26,10 +27,11 @@ from tasks.provision import provision
 from tasks.reporting import report_attempt, report_checkpoint, report_run, start_report
 from tasks.snapshot import snapshot_checkpoint
 from tasks.teardown import teardown
-from tasks.tracking import start_tracking
+from tasks.tracking import new_run_id, start_tracking
 from tasks.validate import validate_spec
 from tasks.watch import watch_attempt
 from trainflow.chaos import FaultPlan
+from trainflow.interrupts import signal_name, teardown_not_interrupted
 from trainflow.spec import RunSpec, load_spec
 
 
@@ -49,11 +51,12 @@ def faulted_lifecycle(spec: RunSpec, chaos: list[FaultPlan]):
 
 def lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None = None):
     spec = validate_spec(spec)
-    record = start_tracking(spec, resume)
-    start_report(spec, record)
-    provisioned = None
-    summary = None
+    run_id = new_run_id(spec)
+    record = provisioned = handle = summary = None
+    stopped_by = None
     try:
+        record = start_tracking(spec, resume, run_id)
+        start_report(spec, record)
         provisioned = provision(spec, record)
         environment = prepare_image(spec, record, provisioned)
         start_point = find_resume_point(spec) if resume else None
@@ -83,13 +86,27 @@ def lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None = None)
         summary = finalize(attempt_spec, record, provisioned, results, decision, snapshots)
         if chaos:
             summary["faults"] = [asdict(injection) for injection in injections]
+    except BaseException as exc:
+        stopped_by = stopping_signal(exc)
+        raise
     finally:
-        released = teardown(record, provisioned, finalized=summary is not None)
+        with teardown_not_interrupted():
+            released = teardown(spec, run_id, record, provisioned, handle, finalized=summary is not None,
+                                stopped_by=stopped_by)
     summary["teardown"] = released
     report_run(spec, record, summary)
     if summary["status"] == "succeeded":
         return Completed(message=f"finished at step {summary['final_step']}", data=summary)
     return Failed(message=summary["reason"], data=summary)
+
+
+def stopping_signal(exc: BaseException) -> str | None:
+    """The signal that stopped the flow (SIGINT, SIGTERM), or None when something else did."""
+    if isinstance(exc, TerminationSignal):  # Prefect's own SIGTERM handler, active while a flow runs
+        return signal_name(exc.signal)
+    if isinstance(exc, KeyboardInterrupt):
+        return str(exc) or "SIGINT"  # the CLI raises KeyboardInterrupt("SIGTERM") for SIGTERM
+    return None
 
 
 if __name__ == "__main__":

@@ -2,29 +2,56 @@
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import TypeVar
+
 from prefect import get_run_logger
 
 from tasks import lifecycle_task
 from tasks.records import Provisioned, RunRecord
-from trainflow.tracking import Tracker
+from trainflow.backends import AttemptHandle
+from trainflow.orphans import clear_unprovisioned
+from trainflow.spec import RunSpec
+from trainflow.tracking import PARENT_TAG, Tracker, tracking_uri_for
+
+T = TypeVar("T")
+WRITE_RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 8.0)  # a SQLite store locked by another writer frees up
 
 
 @lifecycle_task(name="teardown")
-def teardown(record: RunRecord, provisioned: Provisioned | None, finalized: bool) -> dict:
-    """Stop every process of the job, free its ports and scratch, close the status channel, and
-    report what was released and anything that survived."""
+def teardown(
+    spec: RunSpec,
+    run_id: str,
+    record: RunRecord | None,
+    provisioned: Provisioned | None,
+    handle: AttemptHandle | None,
+    finalized: bool,
+    stopped_by: str | None = None,
+) -> dict:
+    """Stop every process of the job (a stopped run's attempt first with SIGTERM, so it saves an
+    emergency checkpoint), free its ports and scratch, close the status channel, close every MLflow
+    run it opened, and report what was released and anything that survived. `record` and
+    `provisioned` are None when the run was stopped before they existed; `stopped_by` names the
+    signal that stopped it."""
     logger = get_run_logger()
     report: dict = {"stopped_processes": 0, "released_ports": [], "removed_paths": [], "survivors": [], "clean": True}
-    tracker = provisioned.tracker if provisioned else Tracker(record.tracking_uri)
-    if provisioned is not None:
-        provisioned.channel.close()
-        report = provisioned.launcher.release(provisioned.allocation).as_dict()
-        report["status_channel_closed"] = True
-    tracker.log_json(record.mlflow_run_id, report, "teardown.json")
-    tracker.set_tags(record.mlflow_run_id, {"teardown_clean": str(report["clean"]).lower()})
-    if not finalized:
-        tracker.set_tags(record.mlflow_run_id, {"status": "failed", "reason": "the lifecycle stopped before finalize"})
-        tracker.end_run(record.mlflow_run_id, "FAILED")
+    try:
+        if provisioned is not None:
+            if handle is not None and not finalized:
+                grace_s = spec.fault_tolerance.preemption_grace_s
+                stopped = provisioned.launcher.stop(handle, grace_s=grace_s)
+                logger.info("attempt %d stopped (%d process(es); SIGTERM, then SIGKILL after %g s)",
+                            handle.attempt, stopped, grace_s)
+            provisioned.channel.close()
+            report = provisioned.launcher.release(provisioned.allocation).as_dict()
+            report["status_channel_closed"] = True
+        elif record is not None:
+            report = clear_unprovisioned(run_id)  # stopped inside provision: what it had reserved so far
+    finally:
+        close_tracking(spec, run_id, record, provisioned, report, finalized, stopped_by, logger)
     if report["clean"]:
         logger.info(
             "teardown: %d process(es) stopped, ports %s released, %d path(s) removed",
@@ -33,3 +60,52 @@ def teardown(record: RunRecord, provisioned: Provisioned | None, finalized: bool
     else:
         logger.error("teardown left survivors: %s", "; ".join(report["survivors"]))
     return report
+
+
+def close_tracking(
+    spec: RunSpec, run_id: str, record: RunRecord | None, provisioned: Provisioned | None, report: dict,
+    finalized: bool, stopped_by: str | None, logger: logging.Logger | logging.LoggerAdapter,
+) -> None:
+    """Leave no MLflow run of this lifecycle RUNNING: attempts cut short are KILLED, the run itself
+    FAILED (KILLED when a signal stopped it) unless finalize closed it."""
+    persist = partial(persist_write, logger=logger)
+    experiment = record.experiment if record else spec.tracking.experiment or spec.name
+    uri = record.tracking_uri if record else tracking_uri_for(spec)
+    tracker = provisioned.tracker if provisioned else persist(lambda: Tracker(uri))
+    if tracker is None:
+        return
+    if record is None:  # stopped while start-tracking ran: the run it may have opened carries run_id
+        ended = persist(lambda: tracker.end_running(experiment, f"tags.`trainflow.run_id` = '{run_id}'", "KILLED"))
+        if ended:
+            logger.warning("MLflow run(s) %s of %s ended KILLED", ", ".join(ended), run_id)
+        return
+    run = record.mlflow_run_id
+    ended = persist(lambda: tracker.end_running(experiment, f"tags.`{PARENT_TAG}` = '{run}'", "KILLED"))
+    if ended:
+        logger.warning("attempt run(s) %s were still open: ended KILLED", ", ".join(ended))
+    persist(lambda: tracker.log_json(run, report, "teardown.json"))
+    persist(lambda: tracker.set_tags(run, {"teardown_clean": str(report["clean"]).lower()}))
+    if finalized or persist(lambda: tracker.run_status(run)) in ("FINISHED", "FAILED", "KILLED"):
+        return
+    if stopped_by:
+        tags = {"status": "killed", "reason": f"stopped by {stopped_by} before it finished"}
+    else:
+        tags = {"status": "failed", "reason": "the lifecycle stopped before finalize"}
+    persist(lambda: tracker.set_tags(run, tags))
+    persist(lambda: tracker.end_run(run, "KILLED" if stopped_by else "FAILED"))
+
+
+def persist_write(write: Callable[[], T], logger: logging.Logger | logging.LoggerAdapter) -> T | None:
+    """One of teardown's MLflow writes, retried while the store is locked; a write that still fails
+    is logged and skipped, so the writes after it (closing the run) are still tried."""
+    for delay in (*WRITE_RETRY_DELAYS_S, None):
+        try:
+            return write()
+        except Exception as exc:  # noqa: BLE001 - MLflow wraps the store's errors in several types
+            if delay is not None and "locked" in str(exc).lower():
+                logger.warning("the MLflow store is locked by another writer; retrying in %g s", delay)
+                time.sleep(delay)
+                continue
+            logger.error("teardown could not write to MLflow: %s: %s", type(exc).__name__, exc)
+            return None
+    return None

@@ -19,11 +19,10 @@ def new_run_id(spec: RunSpec) -> str:
 
 
 @lifecycle_task(name="start-tracking")
-def start_tracking(spec: RunSpec, resume: bool) -> RunRecord:
-    """Open the MLflow run of this lifecycle and record what it will compute."""
+def start_tracking(spec: RunSpec, resume: bool, run_id: str) -> RunRecord:
+    """Open the MLflow run of this lifecycle (tagged with `run_id`) and record what it will compute."""
     uri = tracking_uri_for(spec)
     tracker = Tracker(uri)
-    run_id = new_run_id(spec)
     experiment = spec.tracking.experiment or spec.name
     flow_run_id = str(flow_run.id or "")
     lineage = current_lineage()  # set when this run reruns an earlier one

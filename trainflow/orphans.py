@@ -54,17 +54,37 @@ def reap_stale_runs(root: Path | None = None) -> list[dict]:
             continue
         if _orchestrator_alive(marker):
             continue
-        leftovers = job_processes(marker["run_id"])
-        if leftovers:
-            terminate(leftovers, grace_s=2.0)
-        if marker.get("network"):
-            from trainflow.backends.netns import NodeNetwork
-
-            NodeNetwork.from_record(marker["network"]).destroy()
+        stopped = _clear(marker["run_id"], marker_path.parent, marker.get("network"))
         _mark_failed(marker)
-        shutil.rmtree(marker_path.parent, ignore_errors=True)
-        reaped.append({"run_id": marker["run_id"], "processes": len(leftovers)})
+        reaped.append({"run_id": marker["run_id"], "processes": stopped})
     return reaped
+
+
+def clear_unprovisioned(run_id: str, root: Path | None = None) -> dict:
+    """Release what a run's provision had reserved when it was stopped before returning it: the
+    processes, network namespaces and scratch folder of `run_id`. Returns a teardown report."""
+    scratch = (root or runs_root()) / run_id
+    try:
+        network = json.loads((scratch / MARKER).read_text()).get("network")
+    except (OSError, ValueError):
+        network = None
+    existed = scratch.exists()
+    stopped = _clear(run_id, scratch, network)
+    survivors = [f"{scratch} could not be removed"] if scratch.exists() else []
+    return {"stopped_processes": stopped, "released_ports": [], "removed_paths": [str(scratch)] if existed else [],
+            "survivors": survivors, "clean": not survivors}
+
+
+def _clear(run_id: str, scratch: Path, network: dict | None) -> int:
+    leftovers = job_processes(run_id)
+    if leftovers:
+        terminate(leftovers, grace_s=2.0)
+    if network:
+        from trainflow.backends.netns import NodeNetwork
+
+        NodeNetwork.from_record(network).destroy()
+    shutil.rmtree(scratch, ignore_errors=True)
+    return len(leftovers)
 
 
 def _mark_failed(marker: dict) -> None:

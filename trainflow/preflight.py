@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from trainflow.capacity import local_capacity_problem
 from trainflow.checkpoint.storage import StorageError, open_storage
 from trainflow.home import resolve_checkpoint_uri
-from trainflow.spec import RunSpec, SpecError
+from trainflow.spec import Backend, RunSpec, SpecError
 
 
 def preflight(spec: RunSpec) -> None:
@@ -23,6 +24,12 @@ def preflight(spec: RunSpec) -> None:
     tracking = spec.tracking.uri
     if tracking and not tracking.startswith(("sqlite:///", "http://", "https://", "databricks", "postgresql", "mysql")):
         raise SpecError(f"tracking.uri: {tracking!r} is not a supported MLflow store (sqlite:///..., http(s)://...)")
+    # a remote backend's nodes are other machines: this one's size says nothing about them
+    if spec.resources.backend == Backend.local:
+        problem = local_capacity_problem(spec.resources)
+        if problem:
+            raise SpecError(problem)
+    # last: checking a local checkpoint folder creates it
     try:
         open_storage(resolve_checkpoint_uri(spec.checkpoint.uri)).check()
     except StorageError as exc:

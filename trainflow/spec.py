@@ -8,20 +8,68 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
+import types
+import typing
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 
 class SpecError(ValueError):
     """A spec that cannot run; the message names the file or field and says what to do."""
 
 
+INT64_MAX = 2**63 - 1
+
+
+def _number_type(annotation: Any) -> type | None:
+    """int or float when a field holds that number (optionally None), else None."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        kinds = {_number_type(arg) for arg in typing.get_args(annotation) if arg is not type(None)}
+        return kinds.pop() if len(kinds) == 1 else None
+    if typing.get_origin(annotation) is Annotated:
+        return _number_type(typing.get_args(annotation)[0])
+    return annotation if annotation in (int, float) else None
+
+
+def _shown(value: Any) -> str:
+    """A value as the spec's YAML spells it."""
+    return str(value).lower() if isinstance(value, bool) else repr(value)
+
+
+def strict_number(value: Any, kind: type) -> Any:
+    """A number field takes a number of its kind, nothing that merely converts to one."""
+    if value is None:
+        return value
+    if kind is int:
+        if type(value) is not int:
+            raise ValueError(f"must be a whole number, not {_shown(value)}")
+        if abs(value) > INT64_MAX:
+            raise ValueError(f"{value} is out of range")
+        return value
+    if type(value) not in (int, float):
+        raise ValueError(f"must be a number, not {_shown(value)}")
+    if not math.isfinite(value):
+        raise ValueError(f"must be a finite number, not {value!r}")
+    return value
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # pydantic's lax mode reads `true` as 1, "inf" as infinity and 2.0 as 2; a spec means what it
+    # says, so every number field of every section (also ones added later) takes numbers only
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        kind = _number_type(field.annotation) if field else None
+        return strict_number(value, kind) if kind else value
 
 
 class Workload(Section):
@@ -117,6 +165,28 @@ class Parallel(Section):
     )
 
 
+_URI_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):/")
+_S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+def checkpoint_uri_problem(uri: str) -> str | None:
+    """Why `uri` is neither a local path, file://PATH nor s3://bucket[/prefix]; None when it is one."""
+    supported = "use a local path, file:///absolute/path or s3://bucket/prefix"
+    if uri.lower().startswith("s3:") and not uri.startswith("s3://"):
+        return f"{uri!r} is not an S3 URI: write s3://bucket/prefix (lowercase s3, two slashes)"
+    if uri.startswith("s3://"):
+        bucket = uri.removeprefix("s3://").split("/", 1)[0]
+        if not _S3_BUCKET.match(bucket):
+            return f"{uri!r}: {bucket!r} is not an S3 bucket name (3-63 lowercase letters, digits, dots, dashes)"
+        return None
+    scheme = _URI_SCHEME.match(uri)
+    if scheme and scheme.group(1) != "file":
+        return f"{uri!r}: the {scheme.group(1)}:// scheme is not supported; {supported}"
+    if uri.startswith("file:") and not uri.startswith("file:///"):
+        return f"{uri!r}: a file URI is file:///absolute/path"
+    return None
+
+
 class Checkpoint(Section):
     """Where and how often the training state is saved."""
 
@@ -149,6 +219,14 @@ class Checkpoint(Section):
         title="Node-local tier",
         description="Save to each node's local disk first and restore from there when it verifies.",
     )
+
+    @field_validator("uri")
+    @classmethod
+    def _supported_scheme(cls, uri: str) -> str:
+        problem = checkpoint_uri_problem(uri)
+        if problem:
+            raise ValueError(problem)
+        return uri
 
     @model_validator(mode="after")
     def _kept_steps_are_saved(self) -> Checkpoint:
@@ -437,9 +515,15 @@ def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
     """Read a spec file, apply `key.path=value` overrides and validate; SpecError names the problem."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise SpecError(f"{path}: spec file not found") from None
+    except IsADirectoryError:
+        raise SpecError(f"{path}: is a directory; give the spec's YAML file") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: not a text file (a spec is YAML in UTF-8)") from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the spec: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""

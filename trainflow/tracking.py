@@ -15,6 +15,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from trainflow.home import artifacts_root, default_tracking_uri
+from trainflow.interrupts import signals_deferred
 from trainflow.spec import RunSpec
 
 PARENT_TAG = "mlflow.parentRunId"
@@ -59,7 +60,8 @@ def spec_params(spec: RunSpec) -> dict[str, str]:
 class Tracker:
     def __init__(self, uri: str):
         self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
+        with signals_deferred():  # a new SQLite store creates its tables here: half of them breaks it for good
+            self.client = MlflowClient(tracking_uri=uri)
         self._lock = threading.Lock()
 
     def experiment_id(self, name: str) -> str:
@@ -121,3 +123,21 @@ class Tracker:
     def end_run(self, run_id: str, status: str) -> None:
         with self._lock:
             self.client.set_terminated(run_id, status=status)
+
+    def run_status(self, run_id: str) -> str:
+        """RUNNING, FINISHED, FAILED or KILLED."""
+        with self._lock:
+            return self.client.get_run(run_id).info.status
+
+    def end_running(self, experiment: str, filter_string: str, status: str) -> list[str]:
+        """End the runs of `experiment` matching `filter_string` that are still RUNNING; their ids."""
+        with self._lock:
+            found = self.client.get_experiment_by_name(experiment)
+            if found is None:
+                return []
+            running = self.client.search_runs(
+                [found.experiment_id], filter_string=f"{filter_string} and attributes.status = 'RUNNING'"
+            )
+            for run in running:
+                self.client.set_terminated(run.info.run_id, status=status)
+        return [run.info.run_id for run in running]

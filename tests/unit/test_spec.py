@@ -243,3 +243,56 @@ def test_comm_backend_explicit_gloo_with_gpus(raw):
     raw["resources"]["gpu"] = 1
     raw["parallel"]["backend"] = "gloo"
     assert parse_spec(raw).comm_backend() == "gloo"
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "message"),
+    [
+        ("workload", "steps", True, "workload.steps: must be a whole number, not true"),
+        ("workload", "steps", "1e29", "workload.steps: must be a whole number"),
+        ("workload", "steps", 1e29, "workload.steps: must be a whole number"),
+        ("workload", "steps", 10**30, "workload.steps: 1000000000000000000000000000000 is out of range"),
+        ("resources", "cpu", "inf", "resources.cpu: must be a number, not 'inf'"),
+        ("resources", "cpu", float("inf"), "resources.cpu: must be a finite number"),
+        ("resources", "cpu", float("nan"), "resources.cpu: must be a finite number"),
+        ("resources", "min_nodes", False, "resources.min_nodes: must be a whole number, not false"),
+        ("checkpoint", "every_steps", "10", "checkpoint.every_steps: must be a whole number, not '10'"),
+    ],
+)
+def test_number_fields_take_numbers_only(raw, section, key, value, message):
+    raw[section][key] = value
+    assert message in spec_error(raw)
+
+
+def test_a_whole_number_is_a_fine_float(raw):
+    raw["resources"]["cpu"] = 1
+    assert parse_spec(raw).resources.cpu == 1.0
+
+
+@pytest.mark.parametrize(
+    "uri", ["ftp://nowhere/x", "gs://bucket/x", "hdfs://namenode/x", "S3://bucket/x", "s3:/bucket", "s3://ab/x",
+            "file://relative/x"],
+)
+def test_checkpoint_uri_schemes_other_than_local_and_s3_are_refused(raw, uri):
+    raw["checkpoint"]["uri"] = uri
+    assert f"checkpoint.uri: {uri!r}" in spec_error(raw)
+
+
+@pytest.mark.parametrize("uri", ["checkpoints/digits", "/tmp/ckpt", "file:///tmp/ckpt", "s3://bucket/prefix"])
+def test_local_paths_and_s3_uris_are_accepted(raw, uri):
+    raw["checkpoint"]["uri"] = uri
+    assert parse_spec(raw).checkpoint.uri == uri
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, "is a directory"), (bytes(range(256)), "not a text file")],
+)
+def test_a_spec_that_is_not_a_yaml_file_is_named(tmp_path, content, message):
+    path = tmp_path / "spec"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    with pytest.raises(SpecError, match=f"{path}: {message}"):
+        load_spec(path)

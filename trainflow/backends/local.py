@@ -22,9 +22,11 @@ import psutil
 from trainflow.backends import register
 from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, NodeExit, ReleaseReport
 from trainflow.backends.netns import NetworkError, NodeNetwork
+from trainflow.backends.parent_death import ends_with_this_process
 from trainflow.backends.ports import free_port, is_listening
 from trainflow.backends.processes import describe, job_processes, signal_session, terminate, wait_until_gone
 from trainflow.backends.worker import secret_environment, worker_config
+from trainflow.capacity import local_capacity_problem
 from trainflow.private_files import open_private, private_folder
 from trainflow.worker_config import CONFIG_ENV, JOB_ENV
 
@@ -87,19 +89,9 @@ class LocalLauncher:
 
     @staticmethod
     def _check_capacity(spec) -> None:
-        if spec.resources.gpu:
-            import torch
-
-            needed = spec.resources.nodes * spec.resources.gpu
-            if torch.cuda.device_count() < needed:
-                raise ProvisionError(
-                    f"resources: {needed} GPUs requested, {torch.cuda.device_count()} visible on this machine"
-                )
-        if spec.resources.cpu * spec.resources.nodes > 4 * (os.cpu_count() or 1):
-            raise ProvisionError(
-                f"resources.cpu: {spec.resources.cpu} x {spec.resources.nodes} nodes oversubscribes "
-                f"this machine's {os.cpu_count()} cores more than fourfold"
-            )
+        problem = local_capacity_problem(spec.resources)  # preflight refuses these first; flows may skip it
+        if problem:
+            raise ProvisionError(problem)
 
     def launch(self, spec, allocation: Allocation, plan: AttemptPlan) -> AttemptHandle:
         attempt_dir = allocation.scratch / f"attempt-{plan.attempt}"
@@ -121,6 +113,7 @@ class LocalLauncher:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    preexec_fn=ends_with_this_process(),
                 )
             handle.logs[node] = log_path
         allocation.details.setdefault("sessions", []).extend(p.pid for p in handle.processes.values())

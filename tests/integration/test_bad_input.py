@@ -1,0 +1,76 @@
+"""Bad input to `trainflow run`: exit 2, one line on stderr naming the field or file, and nothing
+created: no TRAINFLOW_HOME (so no MLflow run, no run folder), no Prefect server, no process."""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+import pytest
+
+from tests.integration.conftest import run_cli
+
+pytestmark = pytest.mark.integration
+
+SPEC = "examples/digits/spec.yaml"  # 2 nodes
+CORES = os.cpu_count() or 1
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _with(*overrides: str) -> list[str]:
+    return ["run", SPEC, *[arg for item in overrides for arg in ("--set", item)]]
+
+
+CASES = {
+    "spec is a directory": (lambda tmp: ["run", str(tmp / "a-folder")], "a-folder: is a directory"),
+    "spec is a binary file": (lambda tmp: ["run", str(tmp / "model.bin")], "model.bin: not a text file"),
+    "ftp scheme": (lambda tmp: _with("checkpoint.uri=ftp://nowhere/x"), "checkpoint.uri: 'ftp://nowhere/x'"),
+    "gs scheme": (lambda tmp: _with("checkpoint.uri=gs://bucket/x"), "checkpoint.uri: 'gs://bucket/x'"),
+    "hdfs scheme": (lambda tmp: _with("checkpoint.uri=hdfs://namenode/x"), "checkpoint.uri: 'hdfs://namenode/x'"),
+    "S3 in capitals": (lambda tmp: _with("checkpoint.uri=S3://bucket/x"), "checkpoint.uri: 'S3://bucket/x'"),
+    "s3 with one slash": (lambda tmp: _with("checkpoint.uri=s3:/bucket"), "checkpoint.uri: 's3:/bucket'"),
+    # one GPU more per node than this machine shows for the spec's 2 nodes (1 on a machine without any)
+    "more GPUs than visible": (lambda tmp: _with(f"resources.gpu={_visible_gpus() // 2 + 1}"), "resources.gpu:"),
+    "more cores than the machine": (lambda tmp: _with(f"resources.cpu={max(20, CORES + 1)}"), "resources.cpu:"),
+    "64 processes per node": (lambda tmp: _with("resources.procs_per_node=64"), "resources.procs_per_node:"),
+    "steps: true": (lambda tmp: _with("workload.steps=true"), "workload.steps: must be a whole number"),
+    "steps: 1e29": (lambda tmp: _with("workload.steps=1e29"), "workload.steps: must be a whole number"),
+    "steps: 1.0e+29": (lambda tmp: _with("workload.steps=1.0e+29"), "workload.steps: must be a whole number"),
+    "cpu: inf": (lambda tmp: _with("resources.cpu=inf"), "resources.cpu: must be a number"),
+    "cpu: .inf": (lambda tmp: _with("resources.cpu=.inf"), "resources.cpu: must be a finite number"),
+}
+
+
+def _processes_of(home: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("TRAINFLOW_HOME") == home:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_exits_2_with_one_line_and_creates_nothing(tmp_path, case):
+    (tmp_path / "a-folder").mkdir()
+    (tmp_path / "model.bin").write_bytes(bytes(range(256)) * 16)
+    home, prefect_home = tmp_path / "home", tmp_path / "prefect"
+    env = {**os.environ, "TRAINFLOW_HOME": str(home), "PREFECT_HOME": str(prefect_home)}
+    env.pop("PREFECT_API_URL", None)  # the embedded default: a temporary server would be started
+    args, expected = CASES[case]
+
+    result = run_cli(args(tmp_path), env, timeout_s=120)
+
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], result.stderr[-3000:]
+    assert not home.exists(), sorted(str(p) for p in home.rglob("*"))
+    assert not prefect_home.exists()
+    assert _processes_of(str(home)) == []

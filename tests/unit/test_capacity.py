@@ -1,0 +1,28 @@
+"""The local backend's capacity check: a node's CPU share, the number of ranks, GPUs."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainflow.capacity import local_capacity_problem
+from trainflow.spec import Resources
+
+
+@pytest.mark.parametrize(
+    ("resources", "field"),
+    [
+        (Resources(nodes=2, cpu=20), "resources.cpu: 20 cores per node, but this machine has 2"),
+        (Resources(nodes=5, cpu=2), "resources.cpu: 2 x 5 nodes oversubscribes"),
+        (Resources(nodes=2, procs_per_node=64), "resources.procs_per_node: 2 nodes x 64 = 128 ranks"),
+        (Resources(nodes=3, procs_per_node=3), "at most 8 (4 per core)"),
+    ],
+)
+def test_more_than_two_cores_can_host_is_refused(resources, field):
+    assert field in local_capacity_problem(resources, cores=2)
+
+
+@pytest.mark.parametrize(
+    "resources", [Resources(nodes=2, cpu=1), Resources(nodes=2, cpu=2), Resources(nodes=4, procs_per_node=2)]
+)
+def test_what_two_cores_can_host_is_accepted(resources):
+    assert local_capacity_problem(resources, cores=2) is None
