@@ -246,6 +246,9 @@ def drill(
     report = state.result(raise_on_failure=False)
     if not isinstance(report, dict):
         typer.echo(f"trainflow: the drill crashed: {state.message}", err=True)
+        if as_json:  # --json always ends with a JSON line
+            typer.echo(json.dumps({"fault": plan.kind.value, "passed": False, "status": "crashed",
+                                   "broken_rules": [f"the drill crashed: {state.message}"]}))
         raise typer.Exit(EXIT_FAILED)
     print_drill(report)
     if as_json:
@@ -257,6 +260,8 @@ def print_drill(report: dict) -> None:
     echo = typer.echo
     echo()
     echo(f"drill {report['fault']}: {'PASSED' if report['passed'] else 'FAILED'} ({report['target']})")
+    for rule in report.get("broken_rules", []):
+        echo(f"  broken: {rule}")
     echo(f"  detected as {report['detected_kind']} after {report['detection_latency_s']} s; "
          f"recovered in {report['recovery_s']} s (torchrun alone: {report['torchrun_restart_s']} s)")
     echo(f"  attempts {report['outcomes']}, resumed from step {report['resumed_from_step']}, "

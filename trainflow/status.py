@@ -37,7 +37,8 @@ class AttemptStatus:
     attempt: int
     started_at: float = field(default_factory=time.time)
     ranks: dict[int, RankStatus] = field(default_factory=dict)
-    finished: dict | None = None
+    finished: dict | None = None  # rank 0's finished report (final parameters' hash)
+    finished_ranks: set[int] = field(default_factory=set)  # every rank that reported it finished
     errors: list[dict] = field(default_factory=list)
     restored_step: int | None = None
     first_step_at: float | None = None
@@ -92,6 +93,7 @@ class StatusServer:
                 started_at=current.started_at,
                 ranks={k: RankStatus(**{**vars(v), "compute_s": deque(v.compute_s)}) for k, v in current.ranks.items()},
                 finished=dict(current.finished) if current.finished else None,
+                finished_ranks=set(current.finished_ranks),
                 errors=list(current.errors),
                 restored_step=current.restored_step,
                 first_step_at=current.first_step_at,
@@ -158,7 +160,9 @@ class StatusServer:
                 current.restored_step = int(message["step"])
                 status.step = current.restored_step
             elif kind == "finished":
-                current.finished = message
+                current.finished_ranks.add(rank)
+                if rank == 0:
+                    current.finished = message
             elif kind == "error":
                 current.errors.append(message)
             elif kind == "preempted":

@@ -5,6 +5,13 @@
 - hang: heartbeats continue but no rank advances for the hang timeout, or a worker is frozen while
   its node is alive; stacks of every rank are captured before the attempt is ended
 - straggler: a rank's compute time stays above a factor of the others' median; reported, not fatal
+- start-up: no rank reports within `startup_timeout_s` of launch, or none steps within it: a hang
+  before the first step (with stacks), never an infrastructure failure
+
+An exit is classified only once every agent of a node whose worker died has exited too, so its
+own exit code and failure report are in: a lingering agent (node 0's hosts the rendezvous store)
+never turns a finished attempt into a failed one. Plain torchrun scripts (`workload.mode: plain`)
+report nothing, so they are watched by their exits only.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainflow.backends import AttemptHandle, Launcher
-from trainflow.failures import AttemptResult, Outcome, classify_exit
+from trainflow.failures import AttemptResult, Outcome, classify_exit, rank_failures
 from trainflow.status import AttemptStatus, StatusServer
 from trainflow.step_metrics import MetricRows, StepMetricWindow
 
@@ -24,7 +31,9 @@ HANG_FLOOR_S = 30.0
 HANG_STEP_FACTOR = 20.0
 METRICS_FLUSH_S = 1.0
 STRAGGLER_REPORT_S = 5.0
-EXIT_EVIDENCE_S = 3.0  # after a worker dies, how long its agent gets to exit and report why
+# after a worker dies its agent stops the node's other workers and exits with its failure report,
+# within a second or two; on a loaded machine it can take much longer, and nothing is decided before
+AGENT_EXIT_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -33,7 +42,7 @@ class WatchLimits:
     hang_timeout_s: float | None
     straggler_factor: float = 1.5
     straggler_steps: int = 5
-    startup_timeout_s: float = 300.0
+    startup_timeout_s: float = 600.0
 
     def hang_after(self, status: AttemptStatus) -> float:
         if self.hang_timeout_s is not None:
@@ -54,7 +63,9 @@ class AttemptWatcher:
         on_metrics: Callable[[MetricRows], None],
         on_event: Callable[[dict], None],
         step_metrics_every_s: float = 0.0,
+        plain: bool = False,
     ):
+        self.plain = plain  # a plain torchrun script: no reports, only exits
         self.launcher = launcher
         self.handle = handle
         self.channel = channel
@@ -92,10 +103,13 @@ class AttemptWatcher:
         if any(e.failing for e in exits) or all(not e.running for e in exits):
             return self._ended_by_exit(exits, now)
 
+        if self.plain:
+            return None
         if not status.ranks:
             if now - self.handle.started_at > self.limits.startup_timeout_s:
-                reason = f"no worker reported within {self.limits.startup_timeout_s:.0f}s of launch"
-                return self._result(Outcome.INFRA, reason, status, now, None, {})
+                reason = (f"no worker reported within fault_tolerance.startup_timeout_s "
+                          f"({self.limits.startup_timeout_s:g}s) of launch")
+                return self._hung(reason, status, now, None, {"startup_timeout_s": self.limits.startup_timeout_s})
             return None
 
         self._watch_stragglers(status)
@@ -119,22 +133,33 @@ class AttemptWatcher:
             if now - stalled_since > limit:
                 stuck = sorted(r.rank for r in status.ranks.values() if (r.progressed_at or 0) <= stalled_since)
                 reason = f"no step progress for {now - stalled_since:.1f}s (ranks {stuck}) while heartbeats continue"
+                if not status.first_step_at:
+                    reason += f", no first step within fault_tolerance.startup_timeout_s ({limit:g}s)"
                 return self._hung(reason, status, now, stalled_since, {"ranks": stuck, "hang_timeout_s": limit})
         return None
 
     def _ended_by_exit(self, exits, detected_at: float) -> AttemptResult:
-        deadline = time.monotonic() + EXIT_EVIDENCE_S
-        # the failing nodes' agents follow their workers within a second or so, with the exit report
+        deadline = time.monotonic() + AGENT_EXIT_WAIT_S
+        # a worker is gone but its agent still runs: its exit code and failure report are still to come
         while any(e.workers_lost for e in exits) and time.monotonic() < deadline:
             time.sleep(0.05)
             exits = self.launcher.poll(self.handle)
         self._pump()
         status = self.channel.snapshot()
-        outcome, reason = classify_exit(exits, status)
-        failed_at = status.errors[0]["t"] if status.errors else None
+        outcome, reason = classify_exit(exits, status, self.world_size, plain=self.plain)
+        causes = rank_failures(exits, status) if outcome != Outcome.SUCCEEDED else []
+        reported = [f.at for f in causes[:1] if f.error is not None]
+        failed_at = reported[0] if reported else (status.errors[0]["t"] if status.errors else None)
         if status.preempted and status.preempted.get("requested_at"):
             failed_at = status.preempted["requested_at"]
-        evidence = {"exit_codes": {e.node: e.returncode for e in exits}}
+        evidence = {"exit_codes": {e.node: e.returncode for e in exits},
+                    "finished_ranks": sorted(status.finished_ranks)}
+        if causes:  # the decision's evidence: failed ranks, earliest first, with their last stderr lines
+            evidence["failed_ranks"] = [
+                {"rank": f.rank, "node": f.node, "exitcode": f.exitcode, "at": f.at,
+                 "error": (f.error or {}).get("type"), "stderr_tail": list(f.stderr_tail)}
+                for f in causes
+            ]
         if status.preempted:
             evidence["preempted"] = status.preempted
         if status.diverged:

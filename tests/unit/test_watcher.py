@@ -120,7 +120,71 @@ def test_a_slow_rank_is_reported_as_a_straggler_and_training_goes_on(channel):
 
 
 def test_an_exit_ends_the_watch_at_once(channel):
+    trained = reporter(channel, 1)
+    trained.send("progress", steps=[{"step": 3, "step_time_s": 0.01}])
+    trained.close()
+    deadline = time.monotonic() + 30
+    while channel.snapshot().first_step_at is None and time.monotonic() < deadline:
+        time.sleep(0.02)
     launcher = StandInLauncher(2)
     launcher.exits = [NodeExit(0, None), NodeExit(1, 3)]
     result = watcher(channel, launcher, heartbeat_timeout_s=5, hang_timeout_s=30).run(poll_s=0.05)
     assert result.outcome == Outcome.CRASHED and "code 3" in result.reason
+
+
+class LingeringAgentLauncher(StandInLauncher):
+    """Node 1 exited 0; node 0's worker is gone but its agent (host of the rendezvous store) stays
+    for `polls` more polls, longer than the watcher ever waited before, then exits 0."""
+
+    def __init__(self, polls: int):
+        super().__init__(2)
+        self.polls = polls
+
+    def poll(self, handle):
+        self.polls -= 1
+        if self.polls > 0:
+            return [NodeExit(0, None, workers_lost=True), NodeExit(1, 0)]
+        return [NodeExit(0, 0), NodeExit(1, 0)]
+
+
+def test_a_lingering_agent_does_not_turn_a_finished_attempt_into_a_crash(channel):
+    ranks = [reporter(channel, r) for r in range(2)]
+    for r in ranks:
+        r.send("progress", steps=[{"step": 200, "step_time_s": 0.01}])
+    ranks[0].send("finished", step=200, params_sha256="ab" * 32, loss=0.1)
+    ranks[1].send("finished", step=200)
+    for r in ranks:
+        r.close()
+    deadline = time.monotonic() + 30
+    while len(channel.snapshot().finished_ranks) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    launcher = LingeringAgentLauncher(polls=80)  # 80 polls of 0.05 s: past the 3 s the watcher used to allow
+    result = watcher(channel, launcher, heartbeat_timeout_s=30, hang_timeout_s=30).run(poll_s=0.05)
+    assert launcher.polls <= 0  # it waited for the agent's own exit code
+    assert result.outcome == Outcome.SUCCEEDED, result.reason
+    assert result.evidence["finished_ranks"] == [0, 1]
+
+
+def test_a_script_that_never_reports_is_a_hang_at_start_up_not_infra(channel):
+    launcher = StandInLauncher(2)
+    result = watcher(channel, launcher, heartbeat_timeout_s=5, hang_timeout_s=30,
+                     startup_timeout_s=0.3).run(poll_s=0.05)
+    assert result.outcome == Outcome.HUNG
+    assert "fault_tolerance.startup_timeout_s" in result.reason
+
+
+def test_a_plain_script_is_watched_by_its_exits_only(channel):
+    class Exiting(StandInLauncher):
+        def __init__(self):
+            super().__init__(2)
+            self.polls = 0
+
+        def poll(self, handle):
+            self.polls += 1
+            return [NodeExit(0, 0), NodeExit(1, 0)] if self.polls > 20 else [NodeExit(0, None), NodeExit(1, None)]
+
+    handle = AttemptHandle(attempt=1, nodes=2, started_at=time.time() - 3600, logs={})  # "started" an hour ago
+    watch = AttemptWatcher(Exiting(), handle, channel, WatchLimits(heartbeat_timeout_s=1, hang_timeout_s=1,
+                           startup_timeout_s=1), 2, 0, lambda rows: None, lambda event: None, plain=True)
+    result = watch.run(poll_s=0.01)
+    assert result.outcome == Outcome.SUCCEEDED  # no report ever came, and none was needed

@@ -28,6 +28,7 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,6 +48,7 @@ from trainflow.worker_config import WorkerConfig
 __all__ = ["Run", "init"]
 
 PROGRESS_BATCH_S = 0.02  # steps are reported in batches at most this old
+FAULT_GATE_LIMIT_S = 120.0
 
 
 class Run:
@@ -141,6 +143,17 @@ class Run:
             if checkpoint_due and self._saved_step != step:
                 self.checkpoint()
                 self._saved_step = step
+            if step == self.config.pause_at_step:
+                self._wait_for_fault(step)
+
+    def _wait_for_fault(self, step: int) -> None:
+        """Drills only: stand still after `step` until the drill's fault is in, so it lands at this
+        step however fast the steps are. Heartbeats go on meanwhile; after FAULT_GATE_LIMIT_S, go on."""
+        self._flush_progress()
+        gate = Path(self.config.fault_gate)
+        deadline = time.monotonic() + FAULT_GATE_LIMIT_S
+        while not gate.exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
 
     def _at_control_point(self, step: int, elapsed: float, verify: bool) -> None:
         model = self._state.model if self._state is not None else None
@@ -206,6 +219,8 @@ class Run:
             self.reporter.send(
                 "finished", step=self.step, params_sha256=params_sha256(model_sd), loss=self._last_loss
             )
+        else:
+            self.reporter.send("finished", step=self.step)  # every rank's own word that it got to the end
         dist.barrier()
         self.reporter.close()
         dist.destroy_process_group()
