@@ -14,6 +14,7 @@ from trainflow.home import resolve_checkpoint_uri
 from trainflow.plots import log_run_plots
 from trainflow.spec import RunSpec
 from trainflow.summary import attempt_rows, goodput, run_status
+from trainflow.workload_mode import features_off
 
 
 def checkpoint_index(spec: RunSpec, run_id: str) -> list[dict]:
@@ -66,6 +67,7 @@ def finalize(
         "attempts": attempt_rows(results),
         "stragglers": [s for r in results for s in r.evidence.get("stragglers", [])],
         "goodput": goodput(results),
+        "features_off": features_off(spec),  # workload.mode plain: what needs trainflow.runtime
     }
     tracker, run = provisioned.tracker, record.mlflow_run_id
     tracker.set_tags(run, {"status": status, "reason": decision.reason[:5000], "params_sha256": summary["params_sha256"]})

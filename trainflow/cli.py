@@ -276,6 +276,8 @@ def print_summary(summary: dict) -> None:
     echo(f"run {summary['run_id']}: {summary['status'].upper()} at step {summary['final_step']}/{summary['total_steps']}")
     if summary["status"] != "succeeded":
         echo(f"  reason: {summary['reason']}")
+    if summary.get("features_off"):
+        echo(f"  plain torchrun script: off without trainflow.runtime: {', '.join(summary['features_off'])}")
     if summary.get("final_loss") is not None:
         echo(f"  final loss {summary['final_loss']:.4f}, params sha256 {str(summary['params_sha256'])[:16]}...")
     for row in summary["attempts"]:

@@ -14,6 +14,7 @@ from trainflow.chaos import FaultKind, FaultPlan
 from trainflow.home import trainflow_home
 from trainflow.spec import LocalNetwork, RunSpec, SpecError
 
+
 def drill_spec(spec: RunSpec, plan: FaultPlan) -> RunSpec:
     """The spec a drill runs: node-loss needs one network namespace per node."""
     if plan.kind == FaultKind.node_loss and spec.resources.network != LocalNetwork.namespaces:
