@@ -148,8 +148,10 @@ def newest_before_fault(plan: FaultPlan, report: dict, summary: dict, fault: dic
     if step is None:
         return None
     damaged = str((fault.get("detail") or {}).get("damaged", ""))
+    injected_at = fault.get("injected_at") or 0.0
     durable = [c["step"] for c in summary.get("checkpoints", [])
-               if c.get("verified") and c["step"] <= step and f"step-{c['step']:08d}" not in damaged]
+               if c.get("verified") and c["step"] <= step and f"step-{c['step']:08d}" not in damaged
+               and c.get("committed_at") is not None and c["committed_at"] < injected_at]
     staged_before = (step // every_steps) * every_steps - every_steps
     if plan.kind == FaultKind.corrupt_checkpoint:
         staged_before -= every_steps  # the newest one is the one the fault damaged

@@ -151,7 +151,7 @@ def describe_failure(failure: RankFailure, status: AttemptStatus, plain: bool) -
             return Outcome.PREEMPTED, f"{failure.who} was stopped by SIGTERM (reclaimed){at_step}"
         kind = Outcome.KILLED if -code == signal.SIGKILL else Outcome.CRASHED  # SIGKILL: the OOM killer's
         subject = f"a worker on node {failure.node}" if failure.rank is None else failure.who
-        return kind, f"{subject} was killed by {signal_name(-code)}{at_step}{quoted}"
+        return kind, f"{subject} was killed by {signal_name(-code)}{at_step}"  # its stderr: in the evidence
     if plain or status.first_step_at is None:
         # nothing trained yet: a bad argument, a missing file, an import error -- the script's to fix
         when = "" if plain else " before its first step"

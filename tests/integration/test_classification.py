@@ -46,7 +46,7 @@ def test_a_segfault_beside_a_peer_error_is_a_crash_resumed_from_the_newest_check
     assert report["injected_at_step"] == 30, report
     assert report["outcomes"] == ["CRASHED", "SUCCEEDED"], report
     assert report["resumed_from_step"] >= 20 and report["lost_steps"] <= 10, report
-    assert report["params_match_baseline"] is True
+    assert report["params_match_baseline"] is True, report
     assert report["passed"] is True and report["broken_rules"] == [], report
     assert result.returncode == 0
 

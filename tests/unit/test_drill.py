@@ -44,7 +44,8 @@ def test_the_wrong_detected_kind_fails_the_drill():
 
 
 def test_more_lost_steps_than_the_checkpoint_interval_fail_the_drill():
-    committed = [{"step": 50, "uri": "s3://b/p/step-00000050", "verified": True}]
+    committed = [{"step": 50, "uri": "s3://b/p/step-00000050", "verified": True, "committed_at": 4.0},
+                 {"step": 60, "uri": "s3://b/p/step-00000060", "verified": True, "committed_at": 6.0}]  # after
     report = verdict("crash", summary([attempt(1, "CRASHED", 72, 0, 72), attempt(2, "SUCCEEDED", 200, 0)],
                                       checkpoints=committed))
     assert "lost 72 steps, more than 50" in report["broken_rules"]

@@ -349,6 +349,7 @@ def test_a_ranks_stderr_tail_leaves_out_torchs_info_lines(tmp_path):
     folder.mkdir(parents=True)
     (folder / "stderr.log").write_text(
         "usage: train.py [-h]\n[I1201 09:56:48.959 ProcessGroupGloo.cpp:760] Gloo connected\n"
+        "[rank3]:[I1201 10:20:16.162133755 reducer.cpp:1228] Reducer: comm-optimized memory allocator not found\n"
         "train.py: error: argument --hidden: invalid int value: 'notanumber'\n\n"
     )
     assert stderr_tail(tmp_path, 1) == ["usage: train.py [-h]",

@@ -24,8 +24,9 @@ _ENTRY = re.compile(
     r"exitcode\s*:\s*(?P<code>-?\d+)",
 )
 _ROOT = "Root Cause (first observed failure):"
-# torch's C++ log lines at INFO level (TORCH_CPP_LOG_LEVEL=INFO puts them into every worker's stderr)
-_CPP_INFO = re.compile(r"^\[?I\d{4} \d\d:\d\d:\d\d")
+# torch's log lines at INFO level (TORCH_CPP_LOG_LEVEL=INFO puts them into every worker's stderr),
+# with or without the "[rank3]:" torch puts in front
+_CPP_INFO = re.compile(r"^(\[rank\d+\]:)?\[?I\d{4} \d\d:\d\d:\d\d")
 
 
 def _read_tail(path: Path, size: int) -> str:
