@@ -75,3 +75,16 @@ def test_a_slow_starting_plain_script_is_not_killed(cli_env):
                       "--set", "fault_tolerance.startup_timeout_s=2", "--json"], cli_env)
     assert result.returncode == 0, result.stderr[-4000:]
     assert [a["outcome"] for a in summary_of(result)["attempts"]] == ["SUCCEEDED"]
+
+
+def test_a_short_soak_detects_every_fault_as_its_own_kind(cli_env):
+    result = run_cli(["soak", SPEC, "--faults", "4", "--seed", "7", "--set", "workload.steps=400",
+                      "--set", "checkpoint.every_steps=20", "--set", "fault_tolerance.hang_timeout_s=5",
+                      "--set", "fault_tolerance.heartbeat_timeout_s=4", "--json"], cli_env, timeout_s=900)
+    report = summary_of(result)
+    assert {f["kind"] for f in report["per_fault"]} == {"crash", "kill", "hang", "preempt"}
+    assert all(c["injected"] and c["detected"] == c["expected"] for c in report["per_fault"]), report["per_fault"]
+    assert report["misclassified"] == [] and report["unexplained_attempts"] == []
+    assert report["late_injections"] == [] and report["over_lost"] == []
+    assert report["params_match_baseline"] is True and report["leftovers"] == []
+    assert report["passed"] is True and result.returncode == 0
