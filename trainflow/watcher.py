@@ -82,6 +82,7 @@ class AttemptWatcher:
         self._straggling: dict[int, int] = {}
         self.step_time_total = 0.0
         self.totals: dict[str, float] = {}
+        self._leaving_since: float | None = None
 
     def run(self, poll_s: float = 0.1) -> AttemptResult:
         try:
@@ -114,7 +115,16 @@ class AttemptWatcher:
 
         self._watch_stragglers(status)
 
-        silent = [r for r in status.ranks.values() if now - r.last_seen > self.limits.heartbeat_timeout_s]
+        # a rank that said it is leaving (finished, raised, preempted, diverged) has stopped its
+        # heartbeats on purpose; its exit decides, however long a loaded machine takes to deliver it
+        leaving = self._leaving(status)
+        if leaving:
+            since = self._leaving_since = self._leaving_since or now
+            if len(leaving) == len(status.ranks) and now - since > AGENT_EXIT_WAIT_S:
+                reason = f"every rank said it was leaving but the processes did not exit within {AGENT_EXIT_WAIT_S:g}s"
+                return self._hung(reason, status, now, since, {"leaving": sorted(leaving)})
+        silent = [r for r in status.ranks.values()
+                  if r.rank not in leaving and now - r.last_seen > self.limits.heartbeat_timeout_s]
         if silent:
             rank = min(silent, key=lambda r: r.last_seen)
             state = self._probe(rank.node)
@@ -127,7 +137,7 @@ class AttemptWatcher:
                       f"without exiting ({state})")
             return self._result(Outcome.NODE_LOST, reason, status, now, rank.last_seen, evidence)
 
-        if len(status.ranks) == self.world_size:
+        if len(status.ranks) == self.world_size and not leaving:
             stalled_since = min(r.progressed_at or status.started_at for r in status.ranks.values())
             limit = self.limits.hang_after(status) if status.first_step_at else self.limits.startup_timeout_s
             if now - stalled_since > limit:
@@ -137,6 +147,12 @@ class AttemptWatcher:
                     reason += f", no first step within fault_tolerance.startup_timeout_s ({limit:g}s)"
                 return self._hung(reason, status, now, stalled_since, {"ranks": stuck, "hang_timeout_s": limit})
         return None
+
+    @staticmethod
+    def _leaving(status: AttemptStatus) -> set[int]:
+        if status.preempted is not None or status.diverged is not None:
+            return set(status.ranks)  # every rank stops at the same control point
+        return set(status.finished_ranks) | {int(e.get("rank", -1)) for e in status.errors}
 
     def _ended_by_exit(self, exits, detected_at: float) -> AttemptResult:
         deadline = time.monotonic() + AGENT_EXIT_WAIT_S

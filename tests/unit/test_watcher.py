@@ -188,3 +188,32 @@ def test_a_plain_script_is_watched_by_its_exits_only(channel):
                            startup_timeout_s=1), 2, 0, lambda rows: None, lambda event: None, plain=True)
     result = watch.run(poll_s=0.01)
     assert result.outcome == Outcome.SUCCEEDED  # no report ever came, and none was needed
+
+
+def test_ranks_that_finished_are_not_lost_while_their_processes_take_time_to_exit(channel):
+    ranks = [reporter(channel, r) for r in range(2)]
+    for r in ranks:
+        r.send("progress", steps=[{"step": 60, "step_time_s": 0.01}])
+    ranks[0].send("finished", step=60, params_sha256="ab" * 32, loss=0.1)
+    ranks[1].send("finished", step=60)
+    for r in ranks:
+        r.close()  # heartbeats stop here, as in run.finish()
+    deadline = time.monotonic() + 30
+    while len(channel.snapshot().finished_ranks) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+    class SlowToExit(StandInLauncher):
+        """Still running for 40 polls of 0.05 s, four times the heartbeat timeout, then exit 0."""
+
+        def __init__(self):
+            super().__init__(2)
+            self.polls = 40
+
+        def poll(self, handle):
+            self.polls -= 1
+            return [NodeExit(n, None if self.polls > 0 else 0) for n in range(2)]
+
+    launcher = SlowToExit()
+    result = watcher(channel, launcher, heartbeat_timeout_s=0.5, hang_timeout_s=0.5).run(poll_s=0.05)
+    assert launcher.polls <= 0
+    assert result.outcome == Outcome.SUCCEEDED, result.reason
