@@ -141,7 +141,7 @@ def describe_failure(failure: RankFailure, status: AttemptStatus, plain: bool) -
                       f"{error.get('message')}")
     ranked = status.ranks.get(failure.rank) if failure.rank is not None else None
     at_step = f" at step {ranked.step}" if ranked is not None and status.first_step_at else ""
-    quoted = f": {last_line(failure.stderr_tail)}" if failure.stderr_tail else ""
+    quoted = f"; its last stderr line: {last_line(failure.stderr_tail)}" if failure.stderr_tail else ""
     if code == EXIT_ORCHESTRATOR_LOST:
         return Outcome.INFRA, f"{failure.who} lost the orchestrator"
     if code is None:
