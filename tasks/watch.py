@@ -29,7 +29,8 @@ def watch_attempt(
         elif kind == "error":
             logger.error("rank %s: %s: %s", event.get("rank"), event.get("type"), event.get("message"))
         elif kind == "restored":
-            logger.info("rank %s restored step %s in %.2fs", event.get("rank"), event["step"], event["seconds"])
+            logger.info("rank %s restored step %s (%s) in %.2fs%s", event.get("rank"), event["step"], event.get("tier"),
+                        event["seconds"], f"; passed over: {event['fallbacks']}" if event.get("fallbacks") else "")
         elif kind == "straggler":
             logger.warning("rank %s on node %s is a straggler (compute %.1fx the others') at step %s",
                            event["rank"], event["node"], event["score"], event["step"])
