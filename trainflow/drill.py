@@ -158,12 +158,18 @@ def newest_before_fault(plan: FaultPlan, report: dict, summary: dict, fault: dic
     return max([*durable, max(0, staged_before)])
 
 
+def lost_steps_limit(fault_step: int, every_steps: int) -> int:
+    """The most steps a fault at `fault_step` may cost: one checkpoint interval, plus the steps since
+    the last scheduled save began, since that save (asynchronous) may still be in flight."""
+    return every_steps + fault_step % every_steps
+
+
 def broken_rules(plan: FaultPlan, report: dict, every_steps: int) -> list[str]:
     """Every target the drill missed, each in a sentence; none means it passed.
 
     1. the fault went in, at the step asked for (+-1), and the run succeeded with everything released
     2. the attempts are exactly the injected fault, detected as its own kind, then success
-    3. lost steps <= checkpoint.every_steps (0 for a preemption)
+    3. lost steps <= checkpoint.every_steps, plus the steps of a save in flight (0 for a preemption)
     4. the retry resumed from the newest checkpoint committed before the fault
     5. the final parameters equal the baseline's wherever the world size was kept"""
     broken = []
@@ -183,7 +189,7 @@ def broken_rules(plan: FaultPlan, report: dict, every_steps: int) -> list[str]:
     kind = expected or DETECTED_WITHOUT_FAILURE.get(plan.kind)
     if kind is not None and report["detected_kind"] != kind:
         broken.append(f"detected as {report['detected_kind']}, expected {kind}")
-    limit = 0 if plan.kind == FaultKind.preempt else every_steps
+    limit = 0 if plan.kind == FaultKind.preempt else lost_steps_limit(at if at is not None else plan.at_step, every_steps)
     lost_limit_applies = plan.kind not in (FaultKind.corrupt_checkpoint,) and not (
         plan.kind == FaultKind.node_loss and plan.permanent)  # a lost node's local copies are gone with it
     if lost_limit_applies and report["lost_steps"] > limit:

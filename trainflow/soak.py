@@ -12,7 +12,7 @@ import random
 from collections import Counter
 
 from trainflow.chaos import FaultKind, FaultPlan
-from trainflow.drill import EXPECTED_OUTCOME
+from trainflow.drill import EXPECTED_OUTCOME, lost_steps_limit
 from trainflow.spec import RunSpec, SpecError
 
 
@@ -83,8 +83,8 @@ def soak_report(plans: list[FaultPlan], summary: dict, baseline: dict, leftovers
         "misclassified": [f for f in per_fault if f["detected"] != f["expected"]],
         "late_injections": [f for f in per_fault if f["injected_at_step"] is None
                             or abs(f["injected_at_step"] - f["at_step"]) > 1],
-        "over_lost": [f for f in per_fault
-                      if f["lost_steps"] is not None and f["lost_steps"] > (0 if f["kind"] == "preempt" else every_steps)],
+        "over_lost": [f for f in per_fault if f["lost_steps"] is not None and f["lost_steps"] > (
+            0 if f["kind"] == "preempt" else lost_steps_limit(f["injected_at_step"] or f["at_step"], every_steps))],
         "unexplained_attempts": unexplained,
         "successes_recorded_as_failures": successes_as_failures,
         "params_match_baseline": summary.get("params_sha256") is not None
