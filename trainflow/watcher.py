@@ -223,7 +223,8 @@ class AttemptWatcher:
             self._scored_at = time.monotonic()
 
     def _result(self, outcome, reason, status, detected_at, failed_at, evidence) -> AttemptResult:
-        evidence = {**evidence, "errors": status.errors[:3], "logs": {n: str(p) for n, p in self.handle.logs.items()}}
+        # the node folders go at teardown; the logs are kept as this attempt's MLflow artifacts
+        evidence = {**evidence, "errors": status.errors[:3], "logs": {n: f"logs/{p.name}" for n, p in self.handle.logs.items()}}
         if self.stragglers:
             evidence["stragglers"] = list(self.stragglers.values())
         return AttemptResult(
