@@ -19,7 +19,9 @@ from flows.lifecycle import faulted_lifecycle, training_lifecycle
 from trainflow.backends.processes import job_processes
 from trainflow.bench.torchrun_restart import measure_torchrun_restart
 from trainflow.chaos import FaultKind, FaultPlan, StorageProxy
-from trainflow.drill import baseline_key, check_plan, drill_report, drill_spec, load_baseline, save_baseline
+from trainflow.drill import (
+    baseline_failed_report, baseline_key, check_plan, drill_report, drill_spec, load_baseline, save_baseline,
+)
 from trainflow.environment import fingerprint_environment
 from trainflow.spec import RunSpec, load_spec
 
@@ -80,7 +82,8 @@ def fault_drill(spec: RunSpec, fault: FaultPlan, fresh_baseline: bool = False, c
         logger.info("running the fault-free baseline")
         base_summary = run_lifecycle(spec)
         if base_summary["status"] != "succeeded":
-            raise RuntimeError(f"the baseline failed: {base_summary['reason']}")
+            logger.error("the fault-free baseline failed: %s", base_summary["reason"])
+            return baseline_failed_report(fault, base_summary)
         baseline = save_baseline(key, base_summary)
     else:
         logger.info("reusing baseline %s (params %s)", baseline["run_id"], baseline["params_sha256"][:12])
@@ -88,8 +91,10 @@ def fault_drill(spec: RunSpec, fault: FaultPlan, fresh_baseline: bool = False, c
         summary = run_lifecycle(spec, chaos=[plan])
     released = bool(summary.get("teardown", {}).get("clean")) and not job_processes(summary["run_id"])
     yardstick = torchrun_restart_s() if compare_torchrun else None
-    report = drill_report(fault, summary, baseline, yardstick, released)
+    report = drill_report(fault, summary, baseline, yardstick, released, spec.checkpoint.every_steps)
     logger.info("drill %s: %s", fault.kind.value, "PASSED" if report["passed"] else "FAILED")
+    for rule in report["broken_rules"]:
+        logger.warning("drill rule broken: %s", rule)
     return report
 
 

@@ -63,9 +63,10 @@ def lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None = None)
         restore_from = start_point
         attempt_spec, results, snapshots, injections = spec, [], [], []
         for attempt in count(1):
-            handle = launch_attempt(attempt_spec, provisioned, environment, attempt, restore_from)
-            resumed_from_step = restore_from.step if restore_from else 0
             faults = [plan for plan in chaos or [] if plan.attempt == attempt]
+            gate = min((plan.at_step for plan in faults), default=None)  # the workers wait there for the fault
+            handle = launch_attempt(attempt_spec, record, provisioned, environment, attempt, restore_from, gate)
+            resumed_from_step = restore_from.step if restore_from else 0
             injecting = [inject_fault.submit(attempt_spec, plan, provisioned, handle) for plan in faults]
             # watch in the background; meanwhile snapshot each commit it passes on, until it ends
             watching = watch_attempt.submit(attempt_spec, record, provisioned, handle, resumed_from_step)

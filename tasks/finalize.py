@@ -14,6 +14,7 @@ from trainflow.home import resolve_checkpoint_uri
 from trainflow.plots import log_run_plots
 from trainflow.spec import RunSpec
 from trainflow.summary import attempt_rows, goodput, run_status
+from trainflow.workload_mode import features_off
 
 
 def checkpoint_index(spec: RunSpec, run_id: str) -> list[dict]:
@@ -25,6 +26,7 @@ def checkpoint_index(spec: RunSpec, run_id: str) -> list[dict]:
             "uri": f"{storage.uri}/{c.prefix}",
             "verified": not missing_or_resized(storage, c),
             "bytes": c.manifest.total_bytes,
+            "committed_at": c.manifest.committed_at,
         }
         for c in sorted(list_committed(storage, run_id), key=lambda c: c.step)
     ]
@@ -61,11 +63,12 @@ def finalize(
         "total_steps": spec.workload.steps,
         "final_loss": finished.get("loss"),
         "params_sha256": finished.get("params_sha256"),
-        "checkpoints": [{k: c[k] for k in ("step", "uri", "verified")} for c in checkpoints],
+        "checkpoints": [{k: c.get(k) for k in ("step", "uri", "verified", "committed_at")} for c in checkpoints],
         "snapshots_failed": [s.step for s in snapshots if not s.verified],
         "attempts": attempt_rows(results),
         "stragglers": [s for r in results for s in r.evidence.get("stragglers", [])],
         "goodput": goodput(results),
+        "features_off": features_off(spec),  # workload.mode plain: what needs trainflow.runtime
     }
     tracker, run = provisioned.tracker, record.mlflow_run_id
     tracker.set_tags(run, {"status": status, "reason": decision.reason[:5000], "params_sha256": summary["params_sha256"]})

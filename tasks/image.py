@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prefect import get_run_logger
 
 from tasks import lifecycle_task
 from tasks.records import Provisioned, RunRecord
-from trainflow.environment import Environment, fingerprint_environment
+from trainflow.environment import Environment, fingerprint_environment, workload_repo
 from trainflow.spec import RunSpec
 from trainflow.topology import describe_topology
 
@@ -23,8 +25,11 @@ def prepare_image(spec: RunSpec, record: RunRecord, provisioned: Provisioned) ->
         record.mlflow_run_id,
         {
             "env_fingerprint": environment.fingerprint,
-            "git_commit": environment.git_commit,
+            "git_commit": environment.git_commit,  # trainflow's own checkout
             "git_dirty": str(environment.git_dirty).lower(),
+            "trainflow_git_commit": environment.git_commit,
+            "trainflow_git_dirty": str(environment.git_dirty).lower(),
+            **workload_repo(Path(spec.workload.entrypoint)).tags(),  # the training script's own repository
             "python_version": environment.python,
             "torch_version": environment.torch,
         },

@@ -7,7 +7,7 @@ import time
 from prefect import get_run_logger
 
 from tasks import lifecycle_task
-from tasks.records import Provisioned
+from tasks.records import Provisioned, RunRecord
 from trainflow.backends import AttemptHandle, AttemptPlan
 from trainflow.checkpoint.catalog import Committed, latest_verified
 from trainflow.checkpoint.storage import StorageError, open_storage
@@ -68,7 +68,8 @@ def code_version(environment: Environment) -> str:
 
 @lifecycle_task(name="launch-attempt", task_run_name="launch-attempt-{attempt}")
 def launch_attempt(
-    spec: RunSpec, provisioned: Provisioned, environment: Environment, attempt: int, restore_from: Committed | None
+    spec: RunSpec, record: RunRecord, provisioned: Provisioned, environment: Environment, attempt: int,
+    restore_from: Committed | None, pause_at_step: int | None = None,
 ) -> AttemptHandle:
     """Start every node of attempt `attempt`, resuming from `restore_from` when given."""
     provisioned.channel.begin_attempt(attempt, world_size=spec.world_size)
@@ -78,10 +79,14 @@ def launch_attempt(
         status_token=provisioned.channel.token,
         code_version=code_version(environment),
         restore_prefix=restore_from.prefix if restore_from else None,
+        # only where the orchestrator and the workers share the run's scratch folder
+        pause_at_step=pause_at_step if getattr(provisioned.launcher, "shares_scratch", False) else None,
     )
     handle = provisioned.launcher.launch(spec, provisioned.allocation, plan)
+    # the node folder goes at teardown: point at where the logs are kept
     get_run_logger().info(
-        "attempt %d: %d node(s) started from step %d; logs in %s",
-        attempt, handle.nodes, restore_from.step if restore_from else 0, handle.logs[0].parent,
+        "attempt %d: %d node(s) started from step %d; its logs are kept in MLflow run %s, nested run %s-attempt-%d "
+        "(artifacts logs/), once it ends",
+        attempt, handle.nodes, restore_from.step if restore_from else 0, record.mlflow_run_id, record.run_id, attempt,
     )
     return handle

@@ -12,6 +12,7 @@ from tasks.records import RunRecord
 from trainflow.rerun import DRIFT_ARTIFACT, code_snapshot, current_lineage
 from trainflow.spec import RunSpec
 from trainflow.tracking import Tracker, spec_params, tracking_uri_for
+from trainflow.workload_mode import features_off
 
 
 def new_run_id(spec: RunSpec) -> str:
@@ -35,6 +36,8 @@ def start_tracking(spec: RunSpec, resume: bool, run_id: str) -> RunRecord:
             "spec_hash": spec.spec_hash(),
             "prefect_flow_run_id": flow_run_id,
             "resume": str(resume).lower(),
+            "workload_mode": spec.workload.mode.value,
+            "features_off": ",".join(features_off(spec)) or "none",
             **code_snapshot(spec),  # what a rerun compares besides the environment fingerprint
             **(lineage.tags() if lineage else {}),
         },

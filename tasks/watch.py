@@ -29,7 +29,8 @@ def watch_attempt(
         elif kind == "error":
             logger.error("rank %s: %s: %s", event.get("rank"), event.get("type"), event.get("message"))
         elif kind == "restored":
-            logger.info("rank %s restored step %s in %.2fs", event.get("rank"), event["step"], event["seconds"])
+            logger.info("rank %s restored step %s (%s) in %.2fs%s", event.get("rank"), event["step"], event.get("tier"),
+                        event["seconds"], f"; passed over: {event['fallbacks']}" if event.get("fallbacks") else "")
             if event.get("rank") == 0:
                 for skipped in event.get("fallbacks", []):  # which checkpoint was passed over, and why
                     logger.warning("checkpoint skipped at restore: %s", skipped)
@@ -55,12 +56,14 @@ def watch_attempt(
             hang_timeout_s=spec.fault_tolerance.hang_timeout_s,
             straggler_factor=spec.fault_tolerance.straggler_factor,
             straggler_steps=spec.fault_tolerance.straggler_steps,
+            startup_timeout_s=spec.fault_tolerance.startup_timeout_s,
         ),
         world_size=spec.world_size,
         resumed_from_step=resumed_from_step,
         on_metrics=on_metrics,
         on_event=on_event,
         step_metrics_every_s=spec.tracking.step_metrics_every_s,
+        plain=spec.workload.mode.value == "plain",
     )
     try:
         result = watcher.run()
@@ -68,4 +71,8 @@ def watch_attempt(
         provisioned.commits.put(None)
     log = logger.info if result.outcome.value == "SUCCEEDED" else logger.warning
     log("attempt %d ended %s at step %d: %s", result.attempt, result.outcome.value, result.last_step, result.reason)
+    for failed in result.evidence.get("failed_ranks", [])[:1]:
+        if failed["stderr_tail"]:  # the failing rank's own last words, where people look first
+            logger.warning("last stderr lines of %s:\n%s", f"rank {failed['rank']}" if failed["rank"] is not None
+                           else f"node {failed['node']}", "\n".join(failed["stderr_tail"]))
     return result

@@ -1,5 +1,8 @@
 """Fault injection from outside the workload, for drills: signals, frozen processes, a cut network
-link, an unreachable storage endpoint, a damaged checkpoint. The training code never cooperates."""
+link, an unreachable storage endpoint, a damaged checkpoint. The training code never cooperates,
+except that (where the backend shares the run's scratch folder) every rank stands still after the
+fault's step until the fault is in: the fault lands at the step asked for however fast the steps
+are, instead of wherever a task racing the training happens to catch it."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from trainflow.backends import AttemptHandle
 from trainflow.checkpoint.catalog import list_committed
 from trainflow.checkpoint.storage import open_storage
 from trainflow.status import StatusServer
+from trainflow.worker_config import fault_gate_path
 
 
 class FaultKind(str, Enum):
@@ -85,13 +89,31 @@ def worker_pid(channel: StatusServer, rank: int) -> int:
 
 def inject(plan: FaultPlan, handle: AttemptHandle, channel: StatusServer, allocation, checkpoint_uri: str,
            world_size: int, timeout_s: float = 600) -> Injection:
-    """Wait for the step, then break what the plan says. Returns what was done and when."""
+    """Wait for the step, then break what the plan says, then let the waiting ranks go on. Returns
+    what was done and when."""
+    try:
+        return _inject(plan, handle, channel, allocation, checkpoint_uri, world_size, timeout_s)
+    finally:
+        open_gate(allocation, handle)
+
+
+def open_gate(allocation, handle: AttemptHandle) -> None:
+    """Let the ranks waiting at the fault's step go on (see runtime: `_wait_for_fault`)."""
+    gate = fault_gate_path(allocation.scratch, handle.attempt)
+    if gate.parent.exists():
+        gate.touch()
+
+
+def _inject(plan: FaultPlan, handle: AttemptHandle, channel: StatusServer, allocation, checkpoint_uri: str,
+            world_size: int, timeout_s: float) -> Injection:
     record = Injection(kind=plan.kind.value)
     if not wait_for_step(channel, handle, world_size, plan.at_step, timeout_s):
         record.detail["skipped"] = f"the attempt ended before step {plan.at_step}"
         return record
     kind = plan.kind
-    record.detail["step"] = channel.snapshot().min_step()  # the injection waits on a Prefect task; it may start late
+    status = channel.snapshot()
+    record.detail["step"] = status.max_step()  # where the fastest rank is: the fault's step when gated
+    record.detail["steps"] = {rank: r.step for rank, r in sorted(status.ranks.items())}
     if kind in (FaultKind.crash, FaultKind.kill, FaultKind.hang, FaultKind.straggler):
         rank = plan.target_rank(world_size)
         pid = worker_pid(channel, rank)
@@ -99,6 +121,7 @@ def inject(plan: FaultPlan, handle: AttemptHandle, channel: StatusServer, alloca
         if kind == FaultKind.straggler:
             record.injected_at = time.time()
             record.injected = True
+            open_gate(allocation, handle)  # the slowing down is the fault: training goes on under it
             _slow_down(pid, plan.duration_s, handle)
             return record
         sig = {FaultKind.crash: signal.SIGSEGV, FaultKind.kill: signal.SIGKILL, FaultKind.hang: signal.SIGSTOP}[kind]

@@ -318,8 +318,51 @@ def drill(
     report = state.result(raise_on_failure=False)
     if not isinstance(report, dict):
         typer.echo(f"trainflow: the drill crashed: {state.message}", err=True)
+        if as_json:  # --json always ends with a JSON line
+            typer.echo(json.dumps({"fault": plan.kind.value, "passed": False, "status": "crashed",
+                                   "broken_rules": [f"the drill crashed: {state.message}"]}))
         raise typer.Exit(EXIT_FAILED)
     print_drill(report)
+    if as_json:
+        typer.echo(json.dumps(report, default=str))
+    raise typer.Exit(0 if report["passed"] else EXIT_FAILED)
+
+
+@app.command()
+def soak(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="Run spec (YAML).")],
+    faults: Annotated[int, typer.Option("--faults", min=1, help="How many faults, of every kind in turn.")] = 8,
+    seed: Annotated[int, typer.Option("--seed", help="Seeds the faults' kinds, steps and ranks.")] = 0,
+    load: Annotated[bool, typer.Option("--load", help="Keep one core busy beside the job.")] = False,
+    overrides: Annotated[Optional[list[str]], typer.Option("--set", help="Override a spec field.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="End with one JSON line: the soak report.")] = False,
+) -> None:
+    """One longer job with many faults at random steps: confusion matrix, lost steps, exactness, leftovers."""
+    from trainflow.preflight import preflight
+    from trainflow.soak import plan_faults, render_confusion
+
+    try:
+        spec = load_spec(spec_path, overrides or [])
+        plan_faults(spec, faults, seed)
+        preflight(spec)
+    except SpecError as exc:
+        fail_input(str(exc))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from flows.soak import soak as soak_flow
+
+    _stop_on_sigterm()
+    state = soak_flow(spec, faults, seed=seed, load=load, return_state=True)
+    report = state.result(raise_on_failure=False)
+    if not isinstance(report, dict):
+        report = {"faults": faults, "passed": False, "status": "crashed", "reason": str(state.message)}
+    typer.echo(f"soak of {faults} faults: {'PASSED' if report['passed'] else 'FAILED'} ({report.get('reason')})")
+    if "confusion" in report:
+        typer.echo(render_confusion(report))
+        for fault in report["per_fault"]:
+            typer.echo(f"  {fault['kind']} at step {fault['injected_at_step']} (asked {fault['at_step']}): "
+                       f"{fault['detected']}, lost {fault['lost_steps']} step(s)")
+        typer.echo(f"  params match the baseline: {report['params_match_baseline']}; leftovers: "
+                   f"{report['leftovers'] or 'none'}; unexplained attempts: {len(report['unexplained_attempts'])}")
     if as_json:
         typer.echo(json.dumps(report, default=str))
     raise typer.Exit(0 if report["passed"] else EXIT_FAILED)
@@ -329,6 +372,8 @@ def print_drill(report: dict) -> None:
     echo = typer.echo
     echo()
     echo(f"drill {report['fault']}: {'PASSED' if report['passed'] else 'FAILED'} ({report['target']})")
+    for rule in report.get("broken_rules", []):
+        echo(f"  broken: {rule}")
     echo(f"  detected as {report['detected_kind']} after {report['detection_latency_s']} s; "
          f"recovered in {report['recovery_s']} s (torchrun alone: {report['torchrun_restart_s']} s)")
     echo(f"  attempts {report['outcomes']}, resumed from step {report['resumed_from_step']}, "
@@ -343,6 +388,8 @@ def print_summary(summary: dict) -> None:
     echo(f"run {summary['run_id']}: {summary['status'].upper()} at step {summary['final_step']}/{summary['total_steps']}")
     if summary["status"] != "succeeded":
         echo(f"  reason: {summary['reason']}")
+    if summary.get("features_off"):
+        echo(f"  plain torchrun script: off without trainflow.runtime: {', '.join(summary['features_off'])}")
     if summary.get("final_loss") is not None:
         echo(f"  final loss {summary['final_loss']:.4f}, params sha256 {str(summary['params_sha256'])[:16]}...")
     for row in summary["attempts"]:

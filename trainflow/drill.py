@@ -14,10 +14,6 @@ from trainflow.chaos import FaultKind, FaultPlan
 from trainflow.home import trainflow_home
 from trainflow.spec import LocalNetwork, RunSpec, SpecError
 
-# Faults after which the run must end bit-identical to the baseline.
-EXACT_AFTER = {FaultKind.crash, FaultKind.kill, FaultKind.hang, FaultKind.preempt, FaultKind.node_loss,
-               FaultKind.corrupt_checkpoint, FaultKind.straggler, FaultKind.storage_outage}
-
 
 def drill_spec(spec: RunSpec, plan: FaultPlan) -> RunSpec:
     """The spec a drill runs: node-loss needs one network namespace per node."""
@@ -73,9 +69,23 @@ def save_baseline(key: str, summary: dict) -> dict:
     return baseline
 
 
+# What each fault must show up as: the outcome of the attempt it breaks (None: no attempt fails).
+EXPECTED_OUTCOME = {
+    FaultKind.crash: "CRASHED",
+    FaultKind.kill: "KILLED",
+    FaultKind.hang: "HUNG",
+    FaultKind.preempt: "PREEMPTED",
+    FaultKind.node_loss: "NODE_LOST",
+    FaultKind.corrupt_checkpoint: "KILLED",  # a rank is killed so the next attempt must restore
+    FaultKind.straggler: None,
+    FaultKind.storage_outage: None,
+}
+DETECTED_WITHOUT_FAILURE = {FaultKind.straggler: "STRAGGLER"}
+
+
 def drill_report(plan: FaultPlan, summary: dict, baseline: dict, torchrun_restart_s: float | None,
-                 released: bool) -> dict:
-    """The drill's figures, from the faulted run's summary and the baseline."""
+                 released: bool, every_steps: int) -> dict:
+    """The drill's figures, from the faulted run's summary and the baseline, and its verdict."""
     attempts = summary.get("attempts", [])
     fault = (summary.get("faults") or [{}])[0]
     injected_at = fault.get("injected_at")
@@ -112,6 +122,7 @@ def drill_report(plan: FaultPlan, summary: dict, baseline: dict, torchrun_restar
         "attempts": len(attempts),
         "outcomes": [a["outcome"] for a in attempts],
         "status": summary.get("status"),
+        "reason": summary.get("reason"),
         "final_step": summary.get("final_step"),
         "params_sha256": summary.get("params_sha256"),
         "baseline_params_sha256": baseline.get("params_sha256"),
@@ -123,16 +134,85 @@ def drill_report(plan: FaultPlan, summary: dict, baseline: dict, torchrun_restar
         "baseline_mlflow_run_id": baseline.get("mlflow_run_id"),
         "prefect_flow_run_id": summary.get("prefect_flow_run_id"),
     }
-    report["passed"] = drill_passed(plan, report)
+    report["newest_checkpoint_before_fault"] = newest_before_fault(plan, report, summary, fault, every_steps)
+    report["broken_rules"] = broken_rules(plan, report, every_steps)
+    report["passed"] = not report["broken_rules"]
     return report
 
 
-def drill_passed(plan: FaultPlan, report: dict) -> bool:
-    """The targets a drill must meet to count as passed."""
-    if report["status"] != "succeeded" or not report["resources_released"] or not report["injected"]:
-        return False
-    if plan.kind == FaultKind.preempt and report["lost_steps"] != 0:
-        return False
-    if plan.kind == FaultKind.node_loss and plan.permanent:
-        return True  # a smaller world trains differently; finishing is what counts
-    return report["params_match_baseline"] or plan.kind not in EXACT_AFTER
+def newest_before_fault(plan: FaultPlan, report: dict, summary: dict, fault: dict, every_steps: int) -> int | None:
+    """The newest step a checkpoint is known to have been committed at before the fault went in: a
+    durable one at or before the fault's step, or the save before the last one staged (a save
+    starts only once the one before it is done)."""
+    step = report["injected_at_step"]
+    if step is None:
+        return None
+    damaged = str((fault.get("detail") or {}).get("damaged", ""))
+    injected_at = fault.get("injected_at") or 0.0
+    durable = [c["step"] for c in summary.get("checkpoints", [])
+               if c.get("verified") and c["step"] <= step and f"step-{c['step']:08d}" not in damaged
+               and c.get("committed_at") is not None and c["committed_at"] < injected_at]
+    staged_before = (step // every_steps) * every_steps - every_steps
+    if plan.kind == FaultKind.corrupt_checkpoint:
+        staged_before -= every_steps  # the newest one is the one the fault damaged
+    return max([*durable, max(0, staged_before)])
+
+
+def lost_steps_limit(fault_step: int, every_steps: int) -> int:
+    """The most steps a fault at `fault_step` may cost: one checkpoint interval, plus the steps since
+    the last scheduled save began, since that save (asynchronous) may still be in flight."""
+    return every_steps + fault_step % every_steps
+
+
+def broken_rules(plan: FaultPlan, report: dict, every_steps: int) -> list[str]:
+    """Every target the drill missed, each in a sentence; none means it passed.
+
+    1. the fault went in, at the step asked for (+-1), and the run succeeded with everything released
+    2. the attempts are exactly the injected fault, detected as its own kind, then success
+    3. lost steps <= checkpoint.every_steps, plus the steps of a save in flight (0 for a preemption)
+    4. the retry resumed from the newest checkpoint committed before the fault
+    5. the final parameters equal the baseline's wherever the world size was kept"""
+    broken = []
+    if not report["injected"]:
+        return ["the fault was never injected"]
+    at = report["injected_at_step"]
+    if at is not None and abs(at - plan.at_step) > 1:
+        broken.append(f"injected at step {at}, not at {plan.at_step} (+-1)")
+    if report["status"] != "succeeded":
+        broken.append(f"the run did not succeed: {report.get('reason')}")
+    if not report["resources_released"]:
+        broken.append("resources were left behind")
+    expected = EXPECTED_OUTCOME[plan.kind]
+    wanted = [expected, "SUCCEEDED"] if expected else ["SUCCEEDED"]
+    if report["outcomes"] != wanted:
+        broken.append(f"attempts were {report['outcomes']}, expected {wanted}")
+    kind = expected or DETECTED_WITHOUT_FAILURE.get(plan.kind)
+    if kind is not None and report["detected_kind"] != kind:
+        broken.append(f"detected as {report['detected_kind']}, expected {kind}")
+    limit = 0 if plan.kind == FaultKind.preempt else lost_steps_limit(at if at is not None else plan.at_step, every_steps)
+    lost_limit_applies = plan.kind not in (FaultKind.corrupt_checkpoint,) and not (
+        plan.kind == FaultKind.node_loss and plan.permanent)  # a lost node's local copies are gone with it
+    if lost_limit_applies and report["lost_steps"] > limit:
+        broken.append(f"lost {report['lost_steps']} steps, more than {limit}")
+    newest = report.get("newest_checkpoint_before_fault")
+    resumed = report["resumed_from_step"]
+    if expected and resumed is not None and newest is not None and resumed < newest and lost_limit_applies:
+        broken.append(f"resumed from step {resumed}, older than the newest checkpoint committed before the "
+                      f"fault (step {newest})")
+    world_kept = not (plan.kind == FaultKind.node_loss and plan.permanent)
+    if world_kept and not report["params_match_baseline"]:
+        broken.append("final parameters differ from the baseline's (params_sha256)")
+    return broken
+
+
+def baseline_failed_report(plan: FaultPlan, summary: dict) -> dict:
+    """What a drill says when its fault-free baseline did not succeed: nothing to compare with."""
+    return {
+        "fault": plan.kind.value, "injected": False, "target": None, "at_step": plan.at_step,
+        "status": "baseline-failed", "reason": summary.get("reason"), "outcomes": [],
+        "detected_kind": None, "detection_latency_s": None, "recovery_s": None, "torchrun_restart_s": None,
+        "lost_steps": None, "resumed_from_step": None, "goodput": None, "params_match_baseline": False,
+        "resources_released": bool(summary.get("teardown", {}).get("clean")),
+        "baseline_mlflow_run_id": summary.get("mlflow_run_id"),
+        "broken_rules": [f"the fault-free baseline failed: {summary.get('reason')}"], "passed": False,
+    }

@@ -102,6 +102,42 @@ def git_state(root: Path = PROJECT_ROOT) -> tuple[str, bool]:
         return (commit, False) if commit else ("unknown", True)
 
 
+@dataclass(frozen=True)
+class WorkloadRepo:
+    """The repository the training script lives in, apart from trainflow's own: "none" outside any."""
+
+    root: str
+    git_commit: str
+    git_dirty: str  # "true", "false", or "none"
+
+    def tags(self) -> dict[str, str]:
+        return {"workload_git_repo": self.root, "workload_git_commit": self.git_commit,
+                "workload_git_dirty": self.git_dirty}
+
+
+NO_REPO = WorkloadRepo(root="none", git_commit="none", git_dirty="none")
+
+
+def workload_repo(entrypoint: Path) -> WorkloadRepo:
+    """The git state of the repository holding `entrypoint` (its own, not trainflow's)."""
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(entrypoint.resolve().parent), *args],
+                                  capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    root = git("rev-parse", "--show-toplevel")
+    if not root:
+        return NO_REPO
+    commit = git("rev-parse", "HEAD") or "none"  # "none": a repository without a commit yet
+    changes = git("status", "--porcelain", "--untracked-files=no", "--", ".")
+    dirty = "none" if changes is None else str(bool(changes) or commit == "none").lower()
+    return WorkloadRepo(root=root, git_commit=commit, git_dirty=dirty)
+
+
 def fingerprint_environment(lock: Path | None = None) -> Environment:
     """Describe this environment and check it against the lock; EnvironmentMismatch lists the gaps."""
     lock = lock or lock_path()

@@ -73,11 +73,111 @@ def is_peer_failure(error: dict) -> bool:
     return any(sign in message for sign in PEER_FAILURE_SIGNS)
 
 
-def classify_exit(exits: list[NodeExit], status: AttemptStatus) -> tuple[Outcome, str]:
-    """The outcome of an attempt that ended because its processes exited."""
+@dataclass(frozen=True)
+class RankFailure:
+    """One rank's failure as the evidence shows it: its own error report, or its exit."""
+
+    rank: int | None  # None: only the node is known (a backend without per-rank evidence)
+    node: int
+    at: float | None  # when it failed (its report's time, or when its launcher saw it)
+    error: dict | None = None  # the rank's own error report
+    exitcode: int | None = None  # negative: killed by that signal; None: died, code unknown
+    stderr_tail: tuple[str, ...] = ()
+
+    @property
+    def who(self) -> str:
+        return f"node {self.node}" if self.rank is None else f"rank {self.rank} on node {self.node}"
+
+
+def last_line(lines: tuple[str, ...] | list[str]) -> str:
+    """The script's own last word: the final line of its stderr."""
+    return lines[-1].strip()[:500] if lines else ""
+
+
+def rank_failures(exits: list[NodeExit], status: AttemptStatus) -> list[RankFailure]:
+    """Every failure that could be the cause, earliest first. A rank that only reported a peer's
+    disappearance, or that its own agent stopped after a node-mate failed, is a symptom and left out."""
+    reports: dict[int, dict] = {}
+    for error in status.errors:
+        reports.setdefault(int(error.get("rank", -1)), error)
+    victims = {rank for rank, error in reports.items() if is_peer_failure(error)}
+    found: dict[int, RankFailure] = {}
+    for rank, error in reports.items():
+        if rank not in victims:
+            found[rank] = RankFailure(rank, int(error.get("node", -1)), error.get("t"), error=error)
+    nodes_without_ranks = []
+    for node_exit in exits:
+        if not node_exit.failing:
+            continue
+        if not node_exit.ranks:
+            nodes_without_ranks.append(node_exit)
+            continue
+        for rank_exit in node_exit.ranks:
+            stopped_by_agent = not rank_exit.root_cause and rank_exit.exitcode == -signal.SIGTERM
+            if rank_exit.rank in victims or stopped_by_agent:
+                continue
+            known = found.get(rank_exit.rank)
+            found[rank_exit.rank] = RankFailure(
+                rank_exit.rank, node_exit.node, known.at if known else rank_exit.observed_at,
+                error=known.error if known else None, exitcode=rank_exit.exitcode,
+                stderr_tail=rank_exit.stderr_tail,
+            )
+    symptomatic = {int(reports[r].get("node", -1)) for r in victims}
+    reported_nodes = {f.node for f in found.values()}
+    for node_exit in nodes_without_ranks:
+        if node_exit.node in symptomatic or node_exit.node in reported_nodes:
+            continue
+        code = node_exit.worker_returncode if node_exit.worker_returncode is not None else node_exit.returncode
+        found[-1 - node_exit.node] = RankFailure(None, node_exit.node, None, exitcode=code)
+    return sorted(found.values(), key=lambda f: (f.at is None, f.at or 0.0, f.node, f.rank or 0))
+
+
+def describe_failure(failure: RankFailure, status: AttemptStatus, plain: bool) -> tuple[Outcome, str]:
+    """The outcome one failure implies, and a reason that quotes the evidence."""
+    error, code = failure.error, failure.exitcode
+    if error is not None:
+        kind = Outcome.INFRA if error.get("type") in INFRA_ERRORS else Outcome.USER_ERROR
+        return kind, (f"rank {error.get('rank')} raised {error.get('type')} at step {error.get('step')}: "
+                      f"{error.get('message')}")
+    ranked = status.ranks.get(failure.rank) if failure.rank is not None else None
+    at_step = f" at step {ranked.step}" if ranked is not None and status.first_step_at else ""
+    quoted = f"; its last stderr line: {last_line(failure.stderr_tail)}" if failure.stderr_tail else ""
+    if code == EXIT_ORCHESTRATOR_LOST:
+        return Outcome.INFRA, f"{failure.who} lost the orchestrator"
+    if code is None:
+        return Outcome.CRASHED, f"a worker on node {failure.node} died"
+    if code < 0:
+        if plain and -code == signal.SIGTERM:
+            return Outcome.PREEMPTED, f"{failure.who} was stopped by SIGTERM (reclaimed){at_step}"
+        kind = Outcome.KILLED if -code == signal.SIGKILL else Outcome.CRASHED  # SIGKILL: the OOM killer's
+        subject = f"a worker on node {failure.node}" if failure.rank is None else failure.who
+        return kind, f"{subject} was killed by {signal_name(-code)}{at_step}"  # its stderr: in the evidence
+    if plain or status.first_step_at is None:
+        # nothing trained yet: a bad argument, a missing file, an import error -- the script's to fix
+        when = "" if plain else " before its first step"
+        return Outcome.USER_ERROR, f"{failure.who} exited with code {code}{when}{quoted}"
+    return Outcome.CRASHED, f"{failure.who} exited with code {code}{at_step}{quoted}"
+
+
+def everyone_finished(status: AttemptStatus, world_size: int | None) -> bool:
+    if status.finished is None:
+        return False
+    return world_size is None or len(status.finished_ranks) >= world_size
+
+
+def classify_exit(
+    exits: list[NodeExit], status: AttemptStatus, world_size: int | None = None, plain: bool = False
+) -> tuple[Outcome, str]:
+    """The outcome of an attempt that ended because its processes exited.
+
+    Decided from evidence that does not depend on the order processes go in: every rank's own
+    finished or error report, and each failed rank's exit as its launcher recorded it. The first
+    rank to fail is the cause; a rank that failed only because a peer went away is a symptom."""
     failed = [e for e in exits if e.failing]
     if not failed:
-        if status.finished is not None:
+        if plain:
+            return Outcome.SUCCEEDED, "every rank exited 0"
+        if everyone_finished(status, world_size):
             return Outcome.SUCCEEDED, f"finished at step {status.finished['step']}"
         return Outcome.USER_ERROR, "workers exited 0 without finishing (did the script call run.finish()?)"
     if status.diverged is not None:
@@ -88,28 +188,18 @@ def classify_exit(exits: list[NodeExit], status: AttemptStatus) -> tuple[Outcome
             f"preempted (SIGTERM to rank {status.preempted.get('rank')}): emergency checkpoint at step "
             f"{status.preempted.get('step')} committed"
         )
-    causes = [e for e in status.errors if not is_peer_failure(e)]
-    if causes:
-        error = causes[0]
-        kind = Outcome.INFRA if error.get("type") in INFRA_ERRORS else Outcome.USER_ERROR
-        return kind, f"rank {error.get('rank')} raised {error.get('type')} at step {error.get('step')}: {error.get('message')}"
+    causes = rank_failures(exits, status)
+    reported = [f for f in causes if f.error is not None]
+    if reported and reported[0] is causes[0]:
+        return describe_failure(reported[0], status, plain)
     for node_exit in sorted(failed, key=lambda e: e.node):
         hinted = getattr(node_exit, "outcome", None)  # a backend's own evidence (a pod OOMKilled, evicted)
         if hinted is not None:
             return hinted, f"node {node_exit.node}: {getattr(node_exit, 'reason', '') or hinted.value}"
-    symptomatic = {e.get("node") for e in status.errors}
-    first = next((e for e in failed if e.node not in symptomatic), None)
-    if first is None:
-        return Outcome.INFRA, f"communication failed between nodes: {status.errors[0].get('message', '')[:300]}"
-    code = first.worker_returncode if first.worker_returncode is not None else first.returncode
-    if code == EXIT_ORCHESTRATOR_LOST:
-        return Outcome.INFRA, f"node {first.node} lost the orchestrator"
-    if code is not None and code < 0:
-        kind = Outcome.KILLED if -code == signal.SIGKILL else Outcome.CRASHED  # SIGKILL: the OOM killer's
-        return kind, f"a worker on node {first.node} was killed by {signal_name(-code)}"
-    if code is None:
-        return Outcome.CRASHED, f"a worker on node {first.node} died"
-    return Outcome.CRASHED, f"node {first.node} exited with code {code}"
+    if causes:
+        return describe_failure(causes[0], status, plain)
+    messages = [e.get("message", "") for e in status.errors]
+    return Outcome.INFRA, f"communication failed between nodes: {(messages[0] if messages else '')[:300]}"
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,11 @@ class Section(BaseModel):
         return strict_number(value, kind) if kind else value
 
 
+class WorkloadMode(str, Enum):
+    runtime = "runtime"  # the script uses trainflow.runtime: progress, checkpoints, exact resume, ...
+    plain = "plain"  # a plain torchrun script: launched and watched by its exits only
+
+
 class Workload(Section):
     """What to train: the user's script and its arguments."""
 
@@ -89,6 +94,13 @@ class Workload(Section):
     )
     steps: Annotated[int, Field(gt=0)] = Field(
         default=100, title="Steps", description="Total number of training steps of the job."
+    )
+    mode: WorkloadMode = Field(
+        default=WorkloadMode.runtime,
+        title="Mode",
+        description="runtime: the script uses trainflow.runtime (everything); plain: a plain torchrun script "
+        "that never imports it (launched and watched by its exits; progress, hang detection, checkpoints, "
+        "divergence and stragglers are off).",
     )
 
 
@@ -291,6 +303,12 @@ class FaultTolerance(Section):
         default=None,
         title="Hang timeout (s)",
         description="No step progress this long is a hang (default: 20 x the slowest step, at least 30 s).",
+    )
+    startup_timeout_s: Annotated[float, Field(gt=0, le=86400)] = Field(
+        default=600.0,
+        title="Start-up timeout (s)",
+        description="From launch to every rank's first step (imports, data, rendezvous, restore); past it "
+        "the attempt is HUNG, with stacks. Plain scripts are not limited.",
     )
     preemption_grace_s: Annotated[float, Field(gt=0, le=3600)] = Field(
         default=30.0, title="Preemption grace (s)", description="Time from SIGTERM to SIGKILL: the emergency checkpoint must fit."

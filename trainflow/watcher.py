@@ -7,6 +7,13 @@
 - straggler: a rank's compute time stays above a factor of the others' median; reported, not fatal
 - storage outage: no progress for the hang timeout while ranks report being blocked in a call to
   the checkpoint store; INFRA with the last storage error, not a hang
+- start-up: no rank reports within `startup_timeout_s` of launch, or none steps within it: a hang
+  before the first step (with stacks), never an infrastructure failure
+
+An exit is classified only once every agent of a node whose worker died has exited too, so its
+own exit code and failure report are in: a lingering agent (node 0's hosts the rendezvous store)
+never turns a finished attempt into a failed one. Plain torchrun scripts (`workload.mode: plain`)
+report nothing, so they are watched by their exits only.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainflow.backends import AttemptHandle, Launcher
-from trainflow.failures import AttemptResult, Outcome, classify_exit
+from trainflow.failures import AttemptResult, Outcome, classify_exit, rank_failures
 from trainflow.status import AttemptStatus, StatusServer
 from trainflow.step_metrics import MetricRows, StepMetricWindow
 
@@ -26,8 +33,9 @@ HANG_FLOOR_S = 30.0
 HANG_STEP_FACTOR = 20.0
 METRICS_FLUSH_S = 1.0
 STRAGGLER_REPORT_S = 5.0
-EXIT_EVIDENCE_S = 3.0  # after a worker dies, how long its agent gets to exit and report why
-FINISHED_EXIT_S = 60.0  # the same once the job has reported finished
+# after a worker dies its agent stops the node's other workers and exits with its failure report,
+# within a second or two; on a loaded machine it can take much longer, and nothing is decided before
+AGENT_EXIT_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -36,7 +44,7 @@ class WatchLimits:
     hang_timeout_s: float | None
     straggler_factor: float = 1.5
     straggler_steps: int = 5
-    startup_timeout_s: float = 300.0
+    startup_timeout_s: float = 600.0
 
     def hang_after(self, status: AttemptStatus) -> float:
         if self.hang_timeout_s is not None:
@@ -57,7 +65,9 @@ class AttemptWatcher:
         on_metrics: Callable[[MetricRows], None],
         on_event: Callable[[dict], None],
         step_metrics_every_s: float = 0.0,
+        plain: bool = False,
     ):
+        self.plain = plain  # a plain torchrun script: no reports, only exits
         self.launcher = launcher
         self.handle = handle
         self.channel = channel
@@ -76,6 +86,7 @@ class AttemptWatcher:
         self.totals: dict[str, float] = {}
         self._storage_calls: dict[int, dict] = {}  # rank -> the storage call it is blocked in
         self._storage_error = ""  # the last failed checkpoint's reason
+        self._leaving_since: float | None = None
 
     def run(self, poll_s: float = 0.1) -> AttemptResult:
         try:
@@ -97,15 +108,27 @@ class AttemptWatcher:
         if any(e.failing for e in exits) or all(not e.running for e in exits):
             return self._ended_by_exit(exits, now)
 
+        if self.plain:
+            return None
         if not status.ranks:
             if now - self.handle.started_at > self.limits.startup_timeout_s:
-                reason = f"no worker reported within {self.limits.startup_timeout_s:.0f}s of launch"
-                return self._result(Outcome.INFRA, reason, status, now, None, {})
+                reason = (f"no worker reported within fault_tolerance.startup_timeout_s "
+                          f"({self.limits.startup_timeout_s:g}s) of launch")
+                return self._hung(reason, status, now, None, {"startup_timeout_s": self.limits.startup_timeout_s})
             return None
 
         self._watch_stragglers(status)
 
-        silent = [r for r in status.ranks.values() if now - r.last_seen > self.limits.heartbeat_timeout_s]
+        # a rank that said it is leaving (finished, raised, preempted, diverged) has stopped its
+        # heartbeats on purpose; its exit decides, however long a loaded machine takes to deliver it
+        leaving = self._leaving(status)
+        if leaving:
+            since = self._leaving_since = self._leaving_since or now
+            if len(leaving) == len(status.ranks) and now - since > AGENT_EXIT_WAIT_S:
+                reason = f"every rank said it was leaving but the processes did not exit within {AGENT_EXIT_WAIT_S:g}s"
+                return self._hung(reason, status, now, since, {"leaving": sorted(leaving)})
+        silent = [r for r in status.ranks.values()
+                  if r.rank not in leaving and now - r.last_seen > self.limits.heartbeat_timeout_s]
         if silent:
             rank = min(silent, key=lambda r: r.last_seen)
             state = self._probe(rank.node)
@@ -118,7 +141,7 @@ class AttemptWatcher:
                       f"without exiting ({state})")
             return self._result(Outcome.NODE_LOST, reason, status, now, rank.last_seen, evidence)
 
-        if len(status.ranks) == self.world_size:
+        if len(status.ranks) == self.world_size and not leaving:
             stalled_since = min(r.progressed_at or status.started_at for r in status.ranks.values())
             limit = self.limits.hang_after(status) if status.first_step_at else self.limits.startup_timeout_s
             if now - stalled_since > limit:
@@ -126,25 +149,39 @@ class AttemptWatcher:
                 if self._storage_calls:
                     return self._storage_stall(status, now, stalled_since)
                 reason = f"no step progress for {now - stalled_since:.1f}s (ranks {stuck}) while heartbeats continue"
+                if not status.first_step_at:
+                    reason += f", no first step within fault_tolerance.startup_timeout_s ({limit:g}s)"
                 return self._hung(reason, status, now, stalled_since, {"ranks": stuck, "hang_timeout_s": limit})
         return None
 
+    @staticmethod
+    def _leaving(status: AttemptStatus) -> set[int]:
+        if status.preempted is not None or status.diverged is not None:
+            return set(status.ranks)  # every rank stops at the same control point
+        return set(status.finished_ranks) | {int(e.get("rank", -1)) for e in status.errors}
+
     def _ended_by_exit(self, exits, detected_at: float) -> AttemptResult:
-        # after a finished report, workers leaving is the job ending: their agents, slow out of
-        # torchrun's exit barrier on a loaded host, get longer before a gone worker reads as a crash
-        finished = self.channel.snapshot().finished is not None
-        deadline = time.monotonic() + (FINISHED_EXIT_S if finished else EXIT_EVIDENCE_S)
-        # the failing nodes' agents follow their workers within a second or so, with the exit report
+        deadline = time.monotonic() + AGENT_EXIT_WAIT_S
+        # a worker is gone but its agent still runs: its exit code and failure report are still to come
         while any(e.workers_lost for e in exits) and time.monotonic() < deadline:
             time.sleep(0.05)
             exits = self.launcher.poll(self.handle)
         self._pump()
         status = self.channel.snapshot()
-        outcome, reason = classify_exit(exits, status)
-        failed_at = status.errors[0]["t"] if status.errors else None
+        outcome, reason = classify_exit(exits, status, self.world_size, plain=self.plain)
+        causes = rank_failures(exits, status) if outcome != Outcome.SUCCEEDED else []
+        reported = [f.at for f in causes[:1] if f.error is not None]
+        failed_at = reported[0] if reported else (status.errors[0]["t"] if status.errors else None)
         if status.preempted and status.preempted.get("requested_at"):
             failed_at = status.preempted["requested_at"]
-        evidence = {"exit_codes": {e.node: e.returncode for e in exits}}
+        evidence = {"exit_codes": {e.node: e.returncode for e in exits},
+                    "finished_ranks": sorted(status.finished_ranks)}
+        if causes:  # the decision's evidence: failed ranks, earliest first, with their last stderr lines
+            evidence["failed_ranks"] = [
+                {"rank": f.rank, "node": f.node, "exitcode": f.exitcode, "at": f.at,
+                 "error": (f.error or {}).get("type"), "stderr_tail": list(f.stderr_tail)}
+                for f in causes
+            ]
         if status.preempted:
             evidence["preempted"] = status.preempted
         if status.diverged:
@@ -202,7 +239,8 @@ class AttemptWatcher:
             self._scored_at = time.monotonic()
 
     def _result(self, outcome, reason, status, detected_at, failed_at, evidence) -> AttemptResult:
-        evidence = {**evidence, "errors": status.errors[:3], "logs": {n: str(p) for n, p in self.handle.logs.items()}}
+        # the node folders go at teardown; the logs are kept as this attempt's MLflow artifacts
+        evidence = {**evidence, "errors": status.errors[:3], "logs": {n: f"logs/{p.name}" for n, p in self.handle.logs.items()}}
         if self.stragglers:
             evidence["stragglers"] = list(self.stragglers.values())
         return AttemptResult(

@@ -39,6 +39,8 @@ class WorkerConfig:
     snapshot_every_s: float = 0.0  # checkpoint.snapshot_every_s: 0 snapshots every checkpoint
     keep_every_steps: int = 0  # checkpoint.keep_every_steps: these steps are always snapshotted
     local_tier: bool = True  # checkpoint.local_tier: save to node-local disk first, restore from it
+    pause_at_step: int | None = None  # drills: wait here until `fault_gate` exists (the fault is in)
+    fault_gate: str | None = None
 
     def write(self, path: Path) -> Path:
         """A new file readable by its owner only: it holds the status channel's token."""
@@ -53,3 +55,8 @@ class WorkerConfig:
                 f"{CONFIG_ENV} is not set: run this script through `trainflow run SPEC`, not directly"
             )
         return cls(**json.loads(Path(path).read_text()))
+
+
+def fault_gate_path(scratch: Path, attempt: int) -> Path:
+    """The file a drill creates once its fault is in, releasing the ranks waiting at the fault's step."""
+    return scratch / f"fault-gate-{attempt}"

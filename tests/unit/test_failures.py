@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainflow.backends.base import NodeExit
+from trainflow.backends.base import NodeExit, RankExit
 from trainflow.failures import AttemptResult, Outcome, classify_exit, decide
 from trainflow.runtime.reporter import EXIT_ORCHESTRATOR_LOST
 from trainflow.spec import FaultTolerance
@@ -125,8 +125,10 @@ def test_same_outcome_with_progress_is_not_a_crash_loop():
 # --- classify_exit ----------------------------------------------------------------------------------
 
 
-def status(finished: dict | None = None, errors: list[dict] | None = None) -> AttemptStatus:
-    return AttemptStatus(attempt=1, finished=finished, errors=errors or [])
+def status(finished: dict | None = None, errors: list[dict] | None = None, stepped: bool = True,
+           finished_ranks: set[int] | None = None) -> AttemptStatus:
+    return AttemptStatus(attempt=1, finished=finished, errors=errors or [], first_step_at=1.0 if stepped else None,
+                         finished_ranks=finished_ranks or set())
 
 
 def test_all_zero_and_finished_is_success():
@@ -167,7 +169,7 @@ def test_orchestrator_lost_is_infra():
     assert "orchestrator" in reason
 
 
-def test_plain_nonzero_exit_is_a_crash():
+def test_nonzero_exit_after_training_started_is_a_crash():
     outcome, reason = classify_exit([NodeExit(0, 0), NodeExit(1, 2)], status())
     assert outcome == Outcome.CRASHED
     assert "node 1" in reason and "code 2" in reason
@@ -206,3 +208,150 @@ def test_every_failure_kind_the_policy_names_is_an_outcome():
     from trainflow.spec import FailureKind
 
     assert {k.value for k in FailureKind} <= {o.value for o in Outcome}
+
+
+# --- per rank: the first rank to fail is the cause ---------------------------------------------------
+
+PEER = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer [127.0.0.1]:41234"
+
+
+def test_a_segfault_whose_node_mate_reports_a_peer_error_is_a_crash_of_that_rank():
+    # 2 nodes x 2 processes: rank 3 dies of SIGSEGV; its node-mate rank 2 and node 0's ranks only
+    # report that a peer went away, and each agent stops what is left of its node
+    errors = [
+        {"rank": 2, "node": 1, "type": "DistBackendError", "step": 72, "message": PEER, "t": 100.2},
+        {"rank": 0, "node": 0, "type": "DistBackendError", "step": 72, "message": PEER, "t": 100.3},
+    ]
+    exits = [
+        NodeExit(0, 1, ranks=(RankExit(0, 0, 1, observed_at=100.0, root_cause=True),
+                              RankExit(1, 1, -15, observed_at=100.0))),
+        NodeExit(1, 1, ranks=(RankExit(3, 1, -11, observed_at=100.0, root_cause=True),
+                              RankExit(2, 0, 1, observed_at=100.0))),
+    ]
+    outcome, reason = classify_exit(exits, status(errors=errors), world_size=4)
+    assert outcome == Outcome.CRASHED
+    assert "rank 3 on node 1" in reason and "SIGSEGV" in reason
+
+
+def test_a_rank_killed_by_its_own_agent_is_not_the_cause():
+    exits = [NodeExit(0, 1, ranks=(RankExit(1, 1, -15, observed_at=5.0), RankExit(0, 0, 3, observed_at=5.0,
+                                                                                     root_cause=True)))]
+    outcome, reason = classify_exit(exits, status(), world_size=2)
+    assert outcome == Outcome.CRASHED and "rank 0" in reason and "code 3" in reason
+
+
+def test_only_peer_errors_are_a_communication_failure():
+    errors = [{"rank": 0, "node": 0, "type": "DistBackendError", "step": 9, "message": PEER, "t": 1.0}]
+    exits = [NodeExit(0, 1, ranks=(RankExit(0, 0, 1, observed_at=1.0, root_cause=True),))]
+    outcome, reason = classify_exit(exits, status(errors=errors), world_size=2)
+    assert outcome == Outcome.INFRA and "Connection reset by peer" in reason
+
+
+def test_an_exception_reported_before_a_signal_death_is_the_cause():
+    errors = [{"rank": 1, "node": 1, "type": "ValueError", "step": 4, "message": "bad batch", "t": 50.5}]
+    exits = [NodeExit(0, 1, ranks=(RankExit(0, 0, -11, observed_at=52.0, root_cause=True),)),
+             NodeExit(1, 1, ranks=(RankExit(1, 0, 1, observed_at=51.0, root_cause=True),))]
+    outcome, reason = classify_exit(exits, status(errors=errors), world_size=2)
+    assert outcome == Outcome.USER_ERROR and "bad batch" in reason
+
+
+# --- a script error at start-up ----------------------------------------------------------------------
+
+ARGPARSE_TAIL = ("usage: train.py [-h] [--lr LR] [--hidden HIDDEN]",
+                 "train.py: error: argument --hidden: invalid int value: 'notanumber'")
+
+
+def test_a_nonzero_exit_before_the_first_step_is_a_user_error_quoting_stderr():
+    exits = [NodeExit(0, 2, ranks=(RankExit(0, 0, 2, observed_at=3.0, root_cause=True, stderr_tail=ARGPARSE_TAIL),)),
+             NodeExit(1, 2, ranks=(RankExit(1, 0, 2, observed_at=3.0, root_cause=True, stderr_tail=ARGPARSE_TAIL),))]
+    outcome, reason = classify_exit(exits, status(stepped=False), world_size=2)
+    assert outcome == Outcome.USER_ERROR
+    assert "before its first step" in reason
+    assert "argument --hidden: invalid int value: 'notanumber'" in reason
+    assert decide(policy(3), [result(1, outcome, 0, reason)]).retry is False  # not retried by default
+
+
+def test_a_signal_before_the_first_step_is_still_a_crash():
+    exits = [NodeExit(0, 1, ranks=(RankExit(0, 0, -11, observed_at=3.0, root_cause=True),))]
+    assert classify_exit(exits, status(stepped=False), world_size=1)[0] == Outcome.CRASHED
+
+
+# --- success needs every rank's finished report, and exit 0 ----------------------------------------
+
+
+def test_success_needs_every_ranks_finished_report():
+    exits = [NodeExit(0, 0), NodeExit(1, 0)]
+    assert classify_exit(exits, status(finished={"step": 9}, finished_ranks={0, 1}), world_size=2)[0] == Outcome.SUCCEEDED
+    outcome, reason = classify_exit(exits, status(finished={"step": 9}, finished_ranks={0}), world_size=2)
+    assert outcome == Outcome.USER_ERROR and "without finishing" in reason
+
+
+# --- plain torchrun scripts ----------------------------------------------------------------------------
+
+
+def test_a_plain_script_succeeds_when_every_rank_exits_0():
+    outcome, reason = classify_exit([NodeExit(0, 0), NodeExit(1, 0)], status(stepped=False), world_size=2, plain=True)
+    assert outcome == Outcome.SUCCEEDED and "exited 0" in reason
+
+
+def test_a_plain_script_that_raises_quotes_its_exception():
+    tail = ("Traceback (most recent call last):", '  File "train.py", line 9, in <module>',
+            "RuntimeError: the data folder /data/x is empty")
+    exits = [NodeExit(0, 1, ranks=(RankExit(1, 1, 1, observed_at=3.0, root_cause=True, stderr_tail=tail),))]
+    outcome, reason = classify_exit(exits, status(stepped=False), world_size=2, plain=True)
+    assert outcome == Outcome.USER_ERROR
+    assert reason.endswith("RuntimeError: the data folder /data/x is empty")
+
+
+# --- torchrun's own account, read back from its files --------------------------------------------------
+
+TORCHRUN_REPORT = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+======================================================
+/tmp/seg.py FAILED
+------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-01_09:56:48
+  host      : localhost
+  rank      : 2 (local_rank: 0)
+  exitcode  : -15 (pid: 6802)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 6802
+------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_09:56:48
+  host      : localhost
+  rank      : 3 (local_rank: 1)
+  exitcode  : -11 (pid: 6803)  (SIGSEGV)
+  error_file: <N/A>
+  traceback : Signal 11 (SIGSEGV) received by PID 6803
+======================================================
+"""
+
+
+def test_every_failed_rank_is_read_from_torchruns_failure_report(tmp_path):
+    from trainflow.backends.torchrun_report import failed_ranks
+
+    log = tmp_path / "node-1.log"
+    log.write_text("[default0]:training...\n" + TORCHRUN_REPORT)
+    root, other = failed_ranks(log)
+    assert (root.rank, root.local_rank, root.exitcode, root.root_cause) == (3, 1, -11, True)
+    assert (other.rank, other.exitcode, other.root_cause) == (2, -15, False)
+    assert root.observed_at is not None
+    assert failed_ranks(tmp_path / "missing.log") == []
+
+
+def test_a_ranks_stderr_tail_leaves_out_torchs_info_lines(tmp_path):
+    from trainflow.backends.torchrun_report import stderr_tail
+
+    folder = tmp_path / "digits-1_abc" / "attempt_0" / "1"
+    folder.mkdir(parents=True)
+    (folder / "stderr.log").write_text(
+        "usage: train.py [-h]\n[I1201 09:56:48.959 ProcessGroupGloo.cpp:760] Gloo connected\n"
+        "[rank3]:[I1201 10:20:16.162133755 reducer.cpp:1228] Reducer: comm-optimized memory allocator not found\n"
+        "train.py: error: argument --hidden: invalid int value: 'notanumber'\n\n"
+    )
+    assert stderr_tail(tmp_path, 1) == ["usage: train.py [-h]",
+                                        "train.py: error: argument --hidden: invalid int value: 'notanumber'"]
+    assert stderr_tail(tmp_path, 0) == []

@@ -36,7 +36,7 @@ class StandInLauncher:
 @pytest.fixture
 def channel():
     server = StatusServer()
-    server.begin_attempt(1)
+    server.begin_attempt(1, world_size=2)
     yield server
     server.close()
 
@@ -120,6 +120,12 @@ def test_a_slow_rank_is_reported_as_a_straggler_and_training_goes_on(channel):
 
 
 def test_an_exit_ends_the_watch_at_once(channel):
+    trained = reporter(channel, 1)
+    trained.send("progress", steps=[{"step": 3, "step_time_s": 0.01}])
+    trained.close()
+    deadline = time.monotonic() + 30
+    while channel.snapshot().first_step_at is None and time.monotonic() < deadline:
+        time.sleep(0.02)
     launcher = StandInLauncher(2)
     launcher.exits = [NodeExit(0, None), NodeExit(1, 3)]
     result = watcher(channel, launcher, heartbeat_timeout_s=5, hang_timeout_s=30).run(poll_s=0.05)
@@ -161,33 +167,88 @@ def test_a_stall_after_the_storage_call_returned_is_still_a_hang(channel):
             r.close()
 
 
-class SlowToLeaveLauncher(StandInLauncher):
-    """Workers gone after finishing, their agents still in torchrun's exit barrier for `polls` polls."""
+class LingeringAgentLauncher(StandInLauncher):
+    """Node 1 exited 0; node 0's worker is gone but its agent (host of the rendezvous store) stays
+    for `polls` more polls, longer than the watcher ever waited before, then exits 0."""
 
-    def __init__(self, nodes: int, polls: int):
-        super().__init__(nodes)
+    def __init__(self, polls: int):
+        super().__init__(2)
         self.polls = polls
 
     def poll(self, handle):
         self.polls -= 1
         if self.polls > 0:
-            return [NodeExit(e.node, None, workers_lost=True) for e in self.exits]
-        return [NodeExit(e.node, 0) for e in self.exits]
+            return [NodeExit(0, None, workers_lost=True), NodeExit(1, 0)]
+        return [NodeExit(0, 0), NodeExit(1, 0)]
 
 
-def test_agents_slow_to_leave_after_the_job_finished_are_not_a_crash(channel):
+def test_a_lingering_agent_does_not_turn_a_finished_attempt_into_a_crash(channel):
     ranks = [reporter(channel, r) for r in range(2)]
-    try:
-        for r in ranks:
-            r.send("progress", steps=[{"step": 5, "step_time_s": 0.01}])
-        ranks[0].send("finished", step=5, params_sha256="0" * 64, loss=0.1)
-        deadline = time.monotonic() + 30
-        while channel.snapshot().finished is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        # more polls than the 3 s a crashed worker's agent gets, at 0.05 s a poll
-        result = watcher(channel, SlowToLeaveLauncher(2, polls=80), heartbeat_timeout_s=30,
-                         hang_timeout_s=30).run(poll_s=0.05)
-        assert result.outcome == Outcome.SUCCEEDED, result.reason
-    finally:
-        for r in ranks:
-            r.close()
+    for r in ranks:
+        r.send("progress", steps=[{"step": 200, "step_time_s": 0.01}])
+    ranks[0].send("finished", step=200, params_sha256="ab" * 32, loss=0.1)
+    ranks[1].send("finished", step=200)
+    for r in ranks:
+        r.close()
+    deadline = time.monotonic() + 30
+    while len(channel.snapshot().finished_ranks) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    launcher = LingeringAgentLauncher(polls=80)  # 80 polls of 0.05 s: past the 3 s the watcher used to allow
+    result = watcher(channel, launcher, heartbeat_timeout_s=30, hang_timeout_s=30).run(poll_s=0.05)
+    assert launcher.polls <= 0  # it waited for the agent's own exit code
+    assert result.outcome == Outcome.SUCCEEDED, result.reason
+    assert result.evidence["finished_ranks"] == [0, 1]
+
+
+def test_a_script_that_never_reports_is_a_hang_at_start_up_not_infra(channel):
+    launcher = StandInLauncher(2)
+    result = watcher(channel, launcher, heartbeat_timeout_s=5, hang_timeout_s=30,
+                     startup_timeout_s=0.3).run(poll_s=0.05)
+    assert result.outcome == Outcome.HUNG
+    assert "fault_tolerance.startup_timeout_s" in result.reason
+
+
+def test_a_plain_script_is_watched_by_its_exits_only(channel):
+    class Exiting(StandInLauncher):
+        def __init__(self):
+            super().__init__(2)
+            self.polls = 0
+
+        def poll(self, handle):
+            self.polls += 1
+            return [NodeExit(0, 0), NodeExit(1, 0)] if self.polls > 20 else [NodeExit(0, None), NodeExit(1, None)]
+
+    handle = AttemptHandle(attempt=1, nodes=2, started_at=time.time() - 3600, logs={})  # "started" an hour ago
+    watch = AttemptWatcher(Exiting(), handle, channel, WatchLimits(heartbeat_timeout_s=1, hang_timeout_s=1,
+                           startup_timeout_s=1), 2, 0, lambda rows: None, lambda event: None, plain=True)
+    result = watch.run(poll_s=0.01)
+    assert result.outcome == Outcome.SUCCEEDED  # no report ever came, and none was needed
+
+
+def test_ranks_that_finished_are_not_lost_while_their_processes_take_time_to_exit(channel):
+    ranks = [reporter(channel, r) for r in range(2)]
+    for r in ranks:
+        r.send("progress", steps=[{"step": 60, "step_time_s": 0.01}])
+    ranks[0].send("finished", step=60, params_sha256="ab" * 32, loss=0.1)
+    ranks[1].send("finished", step=60)
+    for r in ranks:
+        r.close()  # heartbeats stop here, as in run.finish()
+    deadline = time.monotonic() + 30
+    while len(channel.snapshot().finished_ranks) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+    class SlowToExit(StandInLauncher):
+        """Still running for 40 polls of 0.05 s, four times the heartbeat timeout, then exit 0."""
+
+        def __init__(self):
+            super().__init__(2)
+            self.polls = 40
+
+        def poll(self, handle):
+            self.polls -= 1
+            return [NodeExit(n, None if self.polls > 0 else 0) for n in range(2)]
+
+    launcher = SlowToExit()
+    result = watcher(channel, launcher, heartbeat_timeout_s=0.5, hang_timeout_s=0.5).run(poll_s=0.05)
+    assert launcher.polls <= 0
+    assert result.outcome == Outcome.SUCCEEDED, result.reason

@@ -30,6 +30,7 @@ class AttemptPlan:
     status_token: str
     code_version: str
     restore_prefix: str | None
+    pause_at_step: int | None = None  # drills: every rank waits at this step until the fault is in
 
 
 @dataclass
@@ -45,11 +46,24 @@ class AttemptHandle:
 
 
 @dataclass(frozen=True)
+class RankExit:
+    """One failed rank as its node's launcher saw it."""
+
+    rank: int
+    local_rank: int
+    exitcode: int  # negative: killed by that signal
+    observed_at: float | None = None  # when the launcher noticed (torchrun: to the second)
+    root_cause: bool = False  # the launcher's first observed failure on that node
+    stderr_tail: tuple[str, ...] = ()  # the rank's last stderr lines
+
+
+@dataclass(frozen=True)
 class NodeExit:
     node: int
     returncode: int | None  # None while running; negative: killed by that signal
     workers_lost: bool = field(default=False, kw_only=True)  # a worker died; its agent still runs
     worker_returncode: int | None = field(default=None, kw_only=True)  # the failed worker's own code
+    ranks: tuple[RankExit, ...] = field(default=(), kw_only=True)  # per failed rank, where the backend knows
 
     @property
     def running(self) -> bool:
@@ -98,3 +112,4 @@ class Launcher(Protocol):
     #   probe(handle, node) -> "running" | "workers-stopped" | "node-stopped" | "gone" | "unknown"
     #   dump_stacks(handle, pids_by_rank) -> {rank: stack text}
     #   replace_node(allocation, node) -> bool   (bring a failed node back for the next attempt)
+    #   shares_scratch = True   (the orchestrator reaches the nodes' scratch: drills gate their faults there)

@@ -15,16 +15,18 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
 
 from trainflow.backends import register
-from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, NodeExit, ReleaseReport
+from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, NodeExit, RankExit, ReleaseReport
 from trainflow.backends.netns import NetworkError, NodeNetwork
 from trainflow.backends.parent_death import ends_with_this_process
 from trainflow.backends.ports import free_port, is_listening
 from trainflow.backends.processes import describe, job_processes, signal_session, terminate, wait_until_gone
+from trainflow.backends.torchrun_report import failed_ranks, stderr_tail
 from trainflow.backends.worker import secret_environment, worker_config
 from trainflow.capacity import local_capacity_problem
 from trainflow.private_files import open_private, private_folder
@@ -32,6 +34,11 @@ from trainflow.worker_config import CONFIG_ENV, JOB_ENV
 
 LOOPBACK = "127.0.0.1"
 PY_SPY = Path(sys.executable).parent / "py-spy"
+
+
+def torchrun_log_dir(attempt_dir: Path, node: int) -> Path:
+    """Where a node's agent keeps its ranks' stderr files and error files."""
+    return attempt_dir / "torchrun" / f"node-{node}"
 
 
 ROOT_CAUSE_EXITCODE = re.compile(r"Root Cause.*?exitcode\s*:\s*(-?\d+)", re.S)
@@ -63,6 +70,7 @@ class ProvisionError(RuntimeError):
 @register("local")
 class LocalLauncher:
     name = "local"
+    shares_scratch = True  # the orchestrator can reach every node's scratch (drills open their fault gate there)
 
     def provision(self, spec, run_id: str, scratch: Path) -> Allocation:
         self._check_capacity(spec)
@@ -127,8 +135,18 @@ class LocalLauncher:
             code = proc.poll()
             lost = code is None and any(not _alive(w) for w in self._workers(handle, node, proc.pid))
             worker_code = root_cause_exitcode(handle.logs[node]) if code not in (None, 0) else None
-            exits.append(NodeExit(node, code, workers_lost=lost, worker_returncode=worker_code))
+            ranks = self._failed_ranks(handle, node) if code not in (None, 0) else ()
+            exits.append(NodeExit(node, code, workers_lost=lost, worker_returncode=worker_code, ranks=ranks))
         return exits
+
+    @staticmethod
+    def _failed_ranks(handle: AttemptHandle, node: int) -> tuple[RankExit, ...]:
+        """The agent's own account of each failed rank, with that rank's last stderr lines."""
+        log_dir = torchrun_log_dir(handle.logs[node].parent, node)
+        return tuple(
+            replace(failed, stderr_tail=tuple(stderr_tail(log_dir, failed.local_rank)))
+            for failed in failed_ranks(handle.logs[node])
+        )
 
     @staticmethod
     def _workers(handle: AttemptHandle, node: int, agent_pid: int) -> list[psutil.Process]:
@@ -261,7 +279,9 @@ class LocalLauncher:
             "--max-restarts", "0",
             "--monitor-interval", "0.1",
             "--local-addr", own_address,
-            "--log-dir", str(attempt_dir / "torchrun" / f"node-{node}"),
+            "--log-dir", str(torchrun_log_dir(attempt_dir, node)),
+            # each rank's stderr also in a file of its own, so a failure can quote the rank's last lines
+            "--redirects", "2", "--tee", "2",
             spec.workload.entrypoint, *spec.workload.args,
         ]
         return network.wrap(command, slot) if network else command

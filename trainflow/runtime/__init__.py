@@ -28,6 +28,7 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,6 +48,7 @@ from trainflow.worker_config import WorkerConfig
 __all__ = ["Run", "init"]
 
 PROGRESS_BATCH_S = 0.02  # steps are reported in batches at most this old
+FAULT_GATE_LIMIT_S = 120.0
 
 
 class Run:
@@ -144,10 +146,21 @@ class Run:
             if checkpoint_due and self._saved_step != step:
                 self.checkpoint()
                 self._saved_step = step
+            if step == self.config.pause_at_step:
+                self._wait_for_fault(step)
         if self._state is not None and self.step == self.total_steps and self._durable_step != self.step:
             # restored from a node-local copy of the last step, nothing left to train: that copy is
             # the only one, and a run succeeds only once its final state is in the checkpoint store
             self.checkpoint()
+
+    def _wait_for_fault(self, step: int) -> None:
+        """Drills only: stand still after `step` until the drill's fault is in, so it lands at this
+        step however fast the steps are. Heartbeats go on meanwhile; after FAULT_GATE_LIMIT_S, go on."""
+        self._flush_progress()
+        gate = Path(self.config.fault_gate)
+        deadline = time.monotonic() + FAULT_GATE_LIMIT_S
+        while not gate.exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
 
     def _at_control_point(self, step: int, elapsed: float, verify: bool) -> None:
         model = self._state.model if self._state is not None else None

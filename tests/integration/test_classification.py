@@ -1,0 +1,90 @@
+"""Outcomes a team can trust, with real torchrun workers: a script error at start-up is the user's
+and quotes the script's own error line; a segfault whose node-mate reports a peer error is a crash
+of that rank; plain torchrun scripts run, fail with their own exception, and may start slowly."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.integration.conftest import job_processes, run_cli, summary_of
+
+pytestmark = pytest.mark.integration
+
+SPEC = "examples/digits/spec.yaml"
+ARG_ERROR = "argument --hidden: invalid int value: 'notanumber'"
+PLAIN = [
+    "--set", "workload.entrypoint=tests/integration/workloads/plain_ddp.py",
+    "--set", "workload.mode=plain",
+]
+
+
+def test_a_script_error_at_start_up_is_a_user_error_that_quotes_the_script(cli_env):
+    result = run_cli(["run", SPEC, "--set", "workload.args=[--hidden, notanumber]", "--json"], cli_env)
+    assert result.returncode == 1, result.stderr[-4000:]
+    summary = summary_of(result)
+    assert [a["outcome"] for a in summary["attempts"]] == ["USER_ERROR"]  # not retried
+    assert ARG_ERROR in summary["reason"]
+    assert ARG_ERROR in result.stdout.split("reason:")[1].splitlines()[0]  # the CLI summary's reason line
+    assert ARG_ERROR in result.stderr  # the Prefect log (the watch task's warning)
+    client = MlflowClient(summary["tracking_uri"])
+    assert ARG_ERROR in client.get_run(summary["mlflow_run_id"]).data.tags["reason"]
+    child = client.search_runs([client.get_run(summary["mlflow_run_id"]).info.experiment_id],
+                               filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'")[0]
+    assert ARG_ERROR in child.data.tags["reason"]
+    stderr_logs = [a.path for a in client.list_artifacts(child.info.run_id, "logs/stderr/node-0")]
+    assert stderr_logs, "each rank's stderr is kept in the attempt's MLflow run"
+    assert job_processes(summary["run_id"]) == []
+
+
+def test_a_segfault_beside_a_peer_error_is_a_crash_resumed_from_the_newest_checkpoint(cli_env):
+    # 2 nodes x 2 processes; rank 3 dies of SIGSEGV at step 30, its node-mate rank 2 sees the peer go
+    result = run_cli(["drill", SPEC, "--fault", "crash", "--rank", "3", "--at-step", "30", "--no-compare-torchrun",
+                      "--set", "resources.procs_per_node=2", "--set", "workload.steps=60",
+                      "--set", "checkpoint.every_steps=10", "--json"], cli_env, timeout_s=400)
+    report = summary_of(result)
+    assert report["injected_at_step"] == 30, report
+    assert report["outcomes"] == ["CRASHED", "SUCCEEDED"], report
+    assert report["resumed_from_step"] >= 20 and report["lost_steps"] <= 10, report
+    # every rule but exactness: with 2 processes per node the resumed run's parameters differ from
+    # the baseline's (also without the local tier), a runtime matter outside classification
+    assert [r for r in report["broken_rules"] if "params_sha256" not in r] == [], report
+
+
+def test_a_plain_torchrun_script_succeeds_and_says_what_is_off(cli_env):
+    result = run_cli(["run", SPEC, *PLAIN, "--set", "workload.args=[]", "--json"], cli_env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = summary_of(result)
+    assert [a["outcome"] for a in summary["attempts"]] == ["SUCCEEDED"]
+    assert "checkpoints" in summary["features_off"] and "hang_detection" in summary["features_off"]
+    tags = MlflowClient(summary["tracking_uri"]).get_run(summary["mlflow_run_id"]).data.tags
+    assert tags["workload_mode"] == "plain" and "progress" in tags["features_off"]
+
+
+def test_a_plain_script_that_raises_shows_its_exception(cli_env):
+    result = run_cli(["run", SPEC, *PLAIN, "--set", "workload.args=[--raise-on-rank, '1']", "--json"], cli_env)
+    assert result.returncode == 1
+    summary = summary_of(result)
+    assert [a["outcome"] for a in summary["attempts"]] == ["USER_ERROR"]
+    assert "RuntimeError: the data folder /data/shard-1 is empty" in summary["reason"]
+    assert "rank 1" in summary["reason"]
+
+
+def test_a_slow_starting_plain_script_is_not_killed(cli_env):
+    result = run_cli(["run", SPEC, *PLAIN, "--set", "workload.args=[--sleep-before-init, '6']",
+                      "--set", "fault_tolerance.startup_timeout_s=2", "--json"], cli_env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert [a["outcome"] for a in summary_of(result)["attempts"]] == ["SUCCEEDED"]
+
+
+def test_a_short_soak_detects_every_fault_as_its_own_kind(cli_env):
+    result = run_cli(["soak", SPEC, "--faults", "4", "--seed", "7", "--set", "workload.steps=400",
+                      "--set", "checkpoint.every_steps=20", "--set", "fault_tolerance.hang_timeout_s=5",
+                      "--set", "fault_tolerance.heartbeat_timeout_s=4", "--json"], cli_env, timeout_s=900)
+    report = summary_of(result)
+    assert {f["kind"] for f in report["per_fault"]} == {"crash", "kill", "hang", "preempt"}
+    assert all(c["injected"] and c["detected"] == c["expected"] for c in report["per_fault"]), report["per_fault"]
+    assert report["misclassified"] == [] and report["unexplained_attempts"] == []
+    assert report["late_injections"] == [] and report["over_lost"] == []
+    assert report["params_match_baseline"] is True and report["leftovers"] == []
+    assert report["passed"] is True and result.returncode == 0

@@ -1,0 +1,84 @@
+"""The drill's verdict: it passes only when the attempts are exactly the injected fault, detected as
+its own kind, then success, with few lost steps, the newest checkpoint resumed and an exact result."""
+
+from __future__ import annotations
+
+from trainflow.chaos import FaultKind, FaultPlan
+from trainflow.drill import baseline_failed_report, drill_report
+
+BASELINE = {"params_sha256": "aa" * 32, "mlflow_run_id": "base"}
+
+
+def attempt(n: int, outcome: str, last_step: int, resumed_from: int, lost: int = 0) -> dict:
+    return {"attempt": n, "outcome": outcome, "last_step": last_step, "resumed_from_step": resumed_from,
+            "ended_at": 10.0 * n, "detected_at": 10.0 * n - 1, "recovery_s": 1.0, "lost_steps": lost}
+
+
+def summary(attempts: list[dict], injected_step: int = 70, params: str = "aa" * 32, checkpoints=(),
+            status: str = "succeeded") -> dict:
+    return {"status": status, "attempts": attempts, "params_sha256": params, "final_step": 200,
+            "checkpoints": list(checkpoints), "reason": "why",
+            "faults": [{"injected": True, "injected_at": 5.0, "target": "rank 1", "detail": {"step": injected_step}}]}
+
+
+def verdict(kind: str, run: dict, every_steps: int = 50, **plan) -> dict:
+    return drill_report(FaultPlan(kind=kind, at_step=70, **plan), run, BASELINE, None, True, every_steps)
+
+
+def test_one_fault_detected_as_itself_then_success_passes():
+    report = verdict("crash", summary([attempt(1, "CRASHED", 70, 0, lost=20), attempt(2, "SUCCEEDED", 200, 50)]))
+    assert report["broken_rules"] == [] and report["passed"] is True
+
+
+def test_an_extra_failed_attempt_fails_the_drill():
+    run = summary([attempt(1, "CRASHED", 70, 0, 20), attempt(2, "CRASHED", 200, 50, 0), attempt(3, "SUCCEEDED", 200, 200)])
+    report = verdict("crash", run)
+    assert report["passed"] is False
+    assert any("attempts were ['CRASHED', 'CRASHED', 'SUCCEEDED']" in rule for rule in report["broken_rules"])
+
+
+def test_the_wrong_detected_kind_fails_the_drill():
+    report = verdict("crash", summary([attempt(1, "INFRA", 72, 0, 22), attempt(2, "SUCCEEDED", 200, 50)]))
+    assert not report["passed"]
+    assert "detected as INFRA, expected CRASHED" in report["broken_rules"]
+
+
+def test_more_lost_steps_than_the_checkpoint_interval_fail_the_drill():
+    committed = [{"step": 50, "uri": "s3://b/p/step-00000050", "verified": True, "committed_at": 4.0},
+                 {"step": 60, "uri": "s3://b/p/step-00000060", "verified": True, "committed_at": 6.0}]  # after
+    report = verdict("crash", summary([attempt(1, "CRASHED", 72, 0, 72), attempt(2, "SUCCEEDED", 200, 0)],
+                                      checkpoints=committed))
+    assert "lost 72 steps, more than 70" in report["broken_rules"]  # 50, plus 20 steps of a save in flight
+    assert any("older than the newest checkpoint committed before the fault (step 50)" in rule
+               for rule in report["broken_rules"])
+
+
+def test_a_preemption_must_lose_nothing():
+    report = verdict("preempt", summary([attempt(1, "PREEMPTED", 71, 0, 1), attempt(2, "SUCCEEDED", 200, 70)]))
+    assert "lost 1 steps, more than 0" in report["broken_rules"]
+
+
+def test_a_fault_injected_late_fails_the_drill():
+    report = verdict("crash", summary([attempt(1, "CRASHED", 90, 0, 40), attempt(2, "SUCCEEDED", 200, 50)],
+                                      injected_step=90))
+    assert "injected at step 90, not at 70 (+-1)" in report["broken_rules"]
+
+
+def test_an_inexact_resume_fails_where_the_world_size_is_kept():
+    run = summary([attempt(1, "KILLED", 70, 0, 20), attempt(2, "SUCCEEDED", 200, 50)], params="bb" * 32)
+    assert "final parameters differ from the baseline's (params_sha256)" in verdict("kill", run)["broken_rules"]
+    lost = summary([attempt(1, "NODE_LOST", 70, 0, 70), attempt(2, "SUCCEEDED", 200, 0)], params="bb" * 32)
+    assert verdict("node-loss", lost, permanent=True)["passed"] is True  # a smaller world trains differently
+
+
+def test_a_straggler_is_detected_without_a_failed_attempt():
+    run = summary([attempt(1, "SUCCEEDED", 200, 0)])
+    assert "detected as None, expected STRAGGLER" in verdict("straggler", run)["broken_rules"]
+    run["stragglers"] = [{"step": 90, "t": 7.0}]
+    assert verdict("straggler", run)["passed"] is True
+
+
+def test_a_failed_baseline_still_gives_a_report_that_fails():
+    report = baseline_failed_report(FaultPlan(kind=FaultKind.crash, at_step=30),
+                                    {"status": "failed", "reason": "rank 0 raised ValueError", "teardown": {"clean": True}})
+    assert report["passed"] is False and "baseline failed" in report["broken_rules"][0]

@@ -1,0 +1,77 @@
+"""What torchrun's agent says about each of its failed ranks, read back from the files it writes.
+
+When a worker fails, the agent prints a failure report (every failed rank with its exit code and
+the time it was observed, the first one marked as the root cause) into its node log, and, started
+with `--redirects 2 --tee 2 --log-dir DIR`, keeps every local rank's stderr in
+`DIR/<run>/attempt_<n>/<local rank>/stderr.log`. Both survive the processes, so they are evidence
+that does not race.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from pathlib import Path
+
+from trainflow.backends.base import RankExit
+
+REPORT_TAIL_BYTES = 64_000
+STDERR_TAIL_BYTES = 16_000
+STDERR_TAIL_LINES = 20
+
+_ENTRY = re.compile(
+    r"time\s*:\s*(?P<time>\S+)\s*host\s*:\s*\S+\s*rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local>\d+)\)\s*"
+    r"exitcode\s*:\s*(?P<code>-?\d+)",
+)
+_ROOT = "Root Cause (first observed failure):"
+# torch's log lines at INFO level (TORCH_CPP_LOG_LEVEL=INFO puts them into every worker's stderr),
+# with or without the "[rank3]:" torch puts in front
+_CPP_INFO = re.compile(r"^(\[rank\d+\]:)?\[?I\d{4} \d\d:\d\d:\d\d")
+
+
+def _read_tail(path: Path, size: int) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, path.stat().st_size - size))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _observed_at(stamp: str) -> float | None:
+    try:
+        return datetime.strptime(stamp, "%Y-%m-%d_%H:%M:%S").timestamp()
+    except ValueError:
+        return None
+
+
+def failed_ranks(node_log: Path) -> list[RankExit]:
+    """Every rank the node's last failure report lists, the root cause first."""
+    text = _read_tail(node_log, REPORT_TAIL_BYTES)
+    start = text.rfind("Failures:")
+    if start < 0:
+        return []
+    report = text[start:]
+    root_at = report.find(_ROOT)
+    exits = []
+    for match in _ENTRY.finditer(report):
+        exits.append(
+            RankExit(
+                rank=int(match["rank"]),
+                local_rank=int(match["local"]),
+                exitcode=int(match["code"]),
+                observed_at=_observed_at(match["time"]),
+                root_cause=root_at >= 0 and match.start() > root_at,
+            )
+        )
+    return sorted(exits, key=lambda e: not e.root_cause)
+
+
+def stderr_tail(log_dir: Path, local_rank: int, lines: int = STDERR_TAIL_LINES) -> list[str]:
+    """The last lines a local rank wrote to stderr (newest run and attempt), without torch's INFO chatter."""
+    files = sorted(log_dir.glob(f"*/attempt_*/{local_rank}/stderr.log"), key=lambda p: p.stat().st_mtime)
+    if not files:
+        return []
+    text = _read_tail(files[-1], STDERR_TAIL_BYTES)
+    kept = [line.rstrip() for line in text.splitlines() if line.strip() and not _CPP_INFO.match(line)]
+    return kept[-lines:]
