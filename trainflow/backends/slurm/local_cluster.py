@@ -182,6 +182,9 @@ class LocalCluster:
         hosts = ["127.0.0.1 localhost", f"{controller} {socket.gethostname()}"]
         hosts += [f"{self.network.node_address(i)} {name}" for i, name in enumerate(self.node_names)]
         (folder / "etc" / "hosts").write_text("\n".join(hosts) + "\n")
+        # no name server the namespaces could reach: lookups of unknown names fail at once instead
+        # of timing out (gloo and c10d look up peers' names)
+        (folder / "etc" / "resolv.conf").write_text("options timeout:1 attempts:1\n")
 
     def _start_munge(self) -> None:
         key = self.folder / "munge" / "munge.key"
@@ -199,6 +202,7 @@ class LocalCluster:
         """slurmd inside the node's namespace with its own hostname and hosts file. `nsenter`, not
         `ip netns exec`: the latter remounts /sys, and slurmd 22.05 then fails to start."""
         inner = (f"hostname {name} && mount --bind {self.folder / 'etc' / 'hosts'} /etc/hosts && "
+                 f"mount --bind {self.folder / 'etc' / 'resolv.conf'} /etc/resolv.conf && "
                  f"exec slurmd -D -N {name} -f {self.conf}")
         self._start(f"slurmd-{name}", [
             "nsenter", f"--net=/run/netns/{self.network.namespace(index)}",
