@@ -99,6 +99,10 @@ class AttemptWatcher:
             return None
 
         self._watch_stragglers(status)
+        if status.finished is not None:
+            # training is over and the ranks have stopped reporting: a backend that sees exits only
+            # when each node's agent ends (Slurm) is waited for, not taken for a lost node
+            return None
 
         silent = [r for r in status.ranks.values() if now - r.last_seen > self.limits.heartbeat_timeout_s]
         if silent:

@@ -14,8 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import cli_env, prefect_api, s3, s3_endpoint, trainflow_processes  # noqa: F401
+import psutil
+
+from tests.integration.conftest import cli_env, prefect_api, s3, s3_endpoint  # noqa: F401
 from trainflow.backends.slurm.local_cluster import LocalCluster
+from trainflow.worker_config import JOB_ENV
 
 NODES = 3
 
@@ -49,10 +52,23 @@ def queued_jobs() -> list[str]:
     return [line for line in result.stdout.splitlines() if line.strip()]
 
 
+def slurm_job_processes() -> list[psutil.Process]:
+    """Processes of trainflow jobs that Slurm started (other tests' local jobs are not ours)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+            if JOB_ENV in env and "SLURM_JOB_ID" in env and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
 @pytest.fixture
 def slurm_env(slurm_cluster, cli_env):
     """A `trainflow` command's environment on the cluster; after the test, the queue must be empty
     and no job process left on any node."""
     yield {**cli_env, **slurm_cluster.env}
     assert queued_jobs() == [], "jobs left in the Slurm queue"
-    assert trainflow_processes() == [], "job processes left on the nodes"
+    assert slurm_job_processes() == [], "job processes left on the nodes"

@@ -250,8 +250,11 @@ class SlurmLauncher:
         if job is None or not job.active:
             return 0
         running = sum(1 for e in self.poll(handle) if e.running)
-        commands.slurm("scancel", handle.workers["job_id"])
-        _wait_inactive([handle.workers["job_id"]], GONE_TIMEOUT_S)
+        job_id = handle.workers["job_id"]
+        if not running and not _wait_inactive([job_id], grace_s):
+            return 0  # every node had ended: the job ends by itself, recorded as it finished
+        commands.slurm("scancel", job_id)
+        _wait_inactive([job_id], GONE_TIMEOUT_S)
         return running
 
     def replace_node(self, allocation: Allocation, slot: int) -> bool:
