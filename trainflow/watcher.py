@@ -24,6 +24,7 @@ HANG_FLOOR_S = 30.0
 HANG_STEP_FACTOR = 20.0
 METRICS_FLUSH_S = 1.0
 STRAGGLER_REPORT_S = 5.0
+WIND_DOWN_S = 60.0  # after finishing or a preemption's save, how long the nodes get to exit quietly
 EXIT_EVIDENCE_S = 3.0  # after a worker dies, how long its agent gets to exit and report why
 
 
@@ -99,9 +100,12 @@ class AttemptWatcher:
             return None
 
         self._watch_stragglers(status)
-        if status.finished is not None:
-            # training is over and the ranks have stopped reporting: a backend that sees exits only
-            # when each node's agent ends (Slurm) is waited for, not taken for a lost node
+        if (status.finished is not None or status.preempted is not None) and (
+            now - max(r.last_seen for r in status.ranks.values()) < self.limits.heartbeat_timeout_s + WIND_DOWN_S
+        ):
+            # training is over (finished, or saved and stopping after a preemption) and the ranks
+            # have stopped reporting: a backend that sees exits only when each node's agent ends
+            # (Slurm) is waited for, not taken for a lost node
             return None
 
         silent = [r for r in status.ranks.values() if now - r.last_seen > self.limits.heartbeat_timeout_s]

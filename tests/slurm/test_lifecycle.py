@@ -39,6 +39,7 @@ def drill(env, home, fault: str, *extra: str) -> dict:
                       *extra, "--json"], {**env, "TRAINFLOW_HOME": str(home)}, timeout_s=400)
     report = summary_of(result)
     assert report["injected"], result.stderr[-3000:]
+    report["log"] = [line for line in result.stderr.splitlines() if "ended" in line or "node" in line][-12:]
     return report
 
 
@@ -59,7 +60,7 @@ def test_two_node_job_runs_the_whole_lifecycle_as_one_slurm_job(slurm_env, slurm
 @pytest.mark.parametrize("fault, detected", [("crash", "CRASHED"), ("preempt", "PREEMPTED")])
 def test_crash_and_preemption_are_recovered_with_exact_resume(slurm_env, slurm_cluster, drill_home, fault, detected):
     report = drill(slurm_env, drill_home, fault)
-    assert report["outcomes"] == [detected, "SUCCEEDED"]
+    assert report["outcomes"] == [detected, "SUCCEEDED"], report
     assert report["params_match_baseline"] is True, report
     assert report["resources_released"] is True
     assert report["passed"] is True
