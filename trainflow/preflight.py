@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trainflow.backends import launcher_for
 from trainflow.checkpoint.storage import StorageError, open_storage
 from trainflow.home import resolve_checkpoint_uri
 from trainflow.spec import RunSpec, SpecError
@@ -23,3 +24,6 @@ def preflight(spec: RunSpec) -> None:
         open_storage(resolve_checkpoint_uri(spec.checkpoint.uri)).check()
     except StorageError as exc:
         raise SpecError(f"checkpoint.uri: {exc}") from None
+    backend_check = getattr(launcher_for(spec), "preflight", None)  # a backend's own checks, if it has any
+    if backend_check is not None:
+        backend_check(spec)

@@ -69,3 +69,15 @@ def test_a_job_slurm_ended_says_what_the_nodes_could_not():
 def test_down_and_not_responding_nodes_are_not_usable():
     assert usable("IDLE") and usable("MIXED") and usable("ALLOCATED")
     assert not usable("DOWN*") and not usable("IDLE*") and not usable("DRAINED") and not usable("DOWN")
+
+
+def test_without_slurm_s_commands_the_spec_is_refused_before_anything_is_provisioned(monkeypatch, tmp_path):
+    from trainflow.preflight import preflight
+
+    (tmp_path / "train.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
+    with pytest.raises(SpecError, match="resources.backend: slurm needs Slurm's commands on PATH"):
+        preflight(spec())
+    assert not (tmp_path / "home" / "runs").exists()

@@ -34,6 +34,7 @@ from trainflow.backends.slurm.links import ClusterLinks
 from trainflow.backends.slurm.node_agent import LAUNCH_FILE, exit_file
 from trainflow.backends.worker import worker_config
 from trainflow.failures import Outcome
+from trainflow.spec import SpecError
 from trainflow.worker_config import JOB_ENV
 
 SCHEDULER_POLL_S = 0.5  # how often poll asks slurmctld; exit files are read on every poll
@@ -100,20 +101,35 @@ def status_host(spec) -> str:
 class SlurmLauncher:
     name = "slurm"
 
-    def provision(self, spec, run_id: str, scratch: Path) -> Allocation:
+    def preflight(self, spec) -> None:
+        """Before anything is provisioned: Slurm's commands are here and the partition can hold the job."""
+        try:
+            self._partition(spec)
+        except ProvisionError as exc:
+            raise SpecError(str(exc)) from None
+
+    @staticmethod
+    def _partition(spec) -> dict[str, str]:
         missing = commands.missing_commands()
         if missing:
             raise ProvisionError(f"resources.backend: slurm needs Slurm's commands on PATH ({', '.join(missing)} "
                                  "missing): run on a login node, or install slurm-client and set SLURM_CONF")
         try:
             nodes = commands.partition_nodes(spec.slurm.partition)
-            host = status_host(spec)
         except SlurmError as exc:
-            raise ProvisionError(f"slurm: the cluster does not answer: {exc}") from None
+            raise ProvisionError(f"resources.backend: slurm: the cluster does not answer: {exc}") from None
         if not nodes:
             raise ProvisionError(f"slurm.partition: {spec.slurm.partition or 'the default partition'} has no nodes")
         if len(nodes) < spec.resources.nodes:
             raise ProvisionError(f"resources.nodes: {spec.resources.nodes} asked, the partition has {len(nodes)}")
+        return nodes
+
+    def provision(self, spec, run_id: str, scratch: Path) -> Allocation:
+        nodes = self._partition(spec)
+        try:
+            host = status_host(spec)
+        except SlurmError as exc:
+            raise ProvisionError(f"slurm: the cluster does not answer: {exc}") from None
         scratch.mkdir(parents=True, exist_ok=True)
         hosts = sorted(nodes)
         allocation = Allocation(run_id=run_id, backend=self.name, nodes=spec.resources.nodes, scratch=scratch,
