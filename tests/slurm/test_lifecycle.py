@@ -10,7 +10,8 @@ import pytest
 
 from tests.integration.conftest import run_cli, summary_of
 
-pytestmark = [pytest.mark.integration, pytest.mark.slurm]
+# a drill is two runs (its fault-free baseline the first time) and a run starts a Slurm job per attempt
+pytestmark = [pytest.mark.integration, pytest.mark.slurm, pytest.mark.timeout(600)]
 
 SPEC = "examples/digits/spec.yaml"
 ON_SLURM = [

@@ -160,7 +160,7 @@ class SlurmLauncher:
         out = commands.slurm(*submit, env=self._environment(spec, allocation))
         job_id = out.strip().split(";")[0]
         allocation.details["jobs"].append(job_id)
-        handle.workers = {"job_id": job_id, "attempt_dir": attempt_dir, "job": None, "asked_at": 0.0,
+        handle.workers = {"job_id": job_id, "run_id": allocation.run_id, "attempt_dir": attempt_dir, "job": None, "asked_at": 0.0,
                           "exclude": list(allocation.details["exclude"]), "hosts": allocation.details["hosts"]}
         handle.processes = {node: SlurmNodeTask(self, handle, node) for node in range(nodes)}
         return handle
@@ -248,7 +248,7 @@ class SlurmLauncher:
 
     @staticmethod
     def _on_node(handle: AttemptHandle, name: str, what: str, timeout_s: float) -> str | None:
-        run_id = handle.workers["attempt_dir"].parent.name
+        run_id = handle.workers["run_id"]
         command = ["srun", f"--jobid={handle.workers['job_id']}", "--overlap", "--nodes=1", "--ntasks=1",
                    f"--nodelist={name}", "--quiet", sys.executable, "-m", "trainflow.backends.slurm.node_probe",
                    what, run_id]
