@@ -47,9 +47,17 @@ def slurm_cluster():
         assert not survivors, f"the Slurm cluster left {survivors}"
 
 
-def queued_jobs() -> list[str]:
-    result = subprocess.run(["squeue", "-h", "-o", "%i %T %j"], capture_output=True, text=True, timeout=30, check=True)
-    return [line for line in result.stdout.splitlines() if line.strip()]
+def queued_jobs(settle_s: float = 60.0) -> list[str]:
+    """Jobs Slurm still lists as pending, running or completing, once finished ones had `settle_s`
+    to leave the queue (a job completes asynchronously after its last step)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        result = subprocess.run(["squeue", "-h", "-o", "%i %T %j"], capture_output=True, text=True, timeout=30,
+                                check=True)
+        jobs = [line for line in result.stdout.splitlines() if line.strip()]
+        if not jobs or time.monotonic() > deadline:
+            return jobs
+        time.sleep(0.5)
 
 
 def slurm_job_processes() -> list[psutil.Process]:
@@ -71,4 +79,7 @@ def slurm_env(slurm_cluster, cli_env):
     and no job process left on any node."""
     yield {**cli_env, **slurm_cluster.env}
     assert queued_jobs() == [], "jobs left in the Slurm queue"
+    deadline = time.monotonic() + 60
+    while slurm_job_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert slurm_job_processes() == [], "job processes left on the nodes"
