@@ -58,9 +58,9 @@ def test_two_node_job_runs_the_whole_lifecycle_as_one_slurm_job(slurm_env, slurm
     assert [(j["JobState"], j["NodeCnt"]) for j in jobs] == [("COMPLETED", "2")]
 
 
-@pytest.mark.parametrize(
-    "fault, detected", [("crash", "CRASHED"), ("kill", "KILLED"), ("hang", "HUNG"), ("preempt", "PREEMPTED")]
-)
+# (kill takes the crash's path with SIGKILL; `trainflow drill --fault kill` passes the same way, and
+# is left out to keep the Slurm tests to a few minutes)
+@pytest.mark.parametrize("fault, detected", [("crash", "CRASHED"), ("hang", "HUNG"), ("preempt", "PREEMPTED")])
 def test_process_faults_and_preemption_are_recovered_with_exact_resume(slurm_env, slurm_cluster, drill_home, fault, detected):
     report = drill(slurm_env, drill_home, fault)
     assert report["outcomes"] == [detected, "SUCCEEDED"], report
