@@ -158,7 +158,6 @@ class LocalCluster:
             "TaskPlugin=task/none",
             "JobAcctGatherType=jobacct_gather/none",
             "MpiDefault=none",
-            "PropagateResourceLimits=NONE",
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_CPU",
             "SchedulerType=sched/backfill",
