@@ -9,7 +9,7 @@ RUN_SPEC ?= examples/digits/spec.yaml
 PREFECT_API_URL ?= http://127.0.0.1:4200/api
 PREFECT := PREFECT_API_URL=$(PREFECT_API_URL) $(BIN)/prefect
 
-.PHONY: venv run test unit integration lock clean deploy bench
+.PHONY: venv run test unit integration lock clean deploy bench slurm-up slurm-down
 
 venv: $(STAMP)
 
@@ -32,6 +32,15 @@ deploy: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests
+
+# A local Slurm cluster (root): munged, slurmctld and 3 slurmd, each in its own network namespace;
+# installs Debian's slurmctld, slurmd, slurm-client and munge when missing. Then export SLURM_CONF.
+SLURM_CLUSTER ?= /tmp/trainflow-slurm
+slurm-up: $(STAMP)
+	$(BIN)/python -m trainflow.backends.slurm.local_cluster up $(SLURM_CLUSTER)
+
+slurm-down: $(STAMP)
+	$(BIN)/python -m trainflow.backends.slurm.local_cluster down $(SLURM_CLUSTER)
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit

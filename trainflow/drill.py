@@ -34,8 +34,8 @@ def check_plan(spec: RunSpec, plan: FaultPlan) -> None:
         raise SpecError(f"--node {plan.node}: the job has {spec.resources.nodes} node(s)")
     if plan.kind == FaultKind.storage_outage and not spec.checkpoint.is_s3:
         raise SpecError("--fault storage-outage: needs an s3:// checkpoint.uri")
-    if plan.kind in (FaultKind.node_loss, FaultKind.preempt) and spec.resources.backend.value != "local":
-        raise SpecError(f"--fault {plan.kind.value}: drills run on the local backend")
+    if plan.kind in (FaultKind.node_loss, FaultKind.preempt) and spec.resources.backend.value not in ("local", "slurm"):
+        raise SpecError(f"--fault {plan.kind.value}: drills run on the local and slurm backends")
 
 
 def baseline_key(spec: RunSpec, environment_fingerprint: str) -> str:

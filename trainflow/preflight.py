@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from trainflow.backends import launcher_for
 from trainflow.capacity import local_capacity_problem
 from trainflow.checkpoint.storage import StorageError, open_storage
 from trainflow.home import resolve_checkpoint_uri
@@ -34,3 +35,6 @@ def preflight(spec: RunSpec) -> None:
         open_storage(resolve_checkpoint_uri(spec.checkpoint.uri)).check()
     except StorageError as exc:
         raise SpecError(f"checkpoint.uri: {exc}") from None
+    backend_check = getattr(launcher_for(spec), "preflight", None)  # a backend's own checks, if it has any
+    if backend_check is not None:
+        backend_check(spec)

@@ -107,6 +107,7 @@ class Workload(Section):
 class Backend(str, Enum):
     local = "local"
     kubernetes = "kubernetes"
+    slurm = "slurm"
 
 
 class LocalNetwork(str, Enum):
@@ -447,6 +448,40 @@ class Kubernetes(Section):
     )
 
 
+_SLURM_TIME = r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^UNLIMITED$"
+
+
+class Slurm(Section):
+    """Where and how the job runs with resources.backend: slurm (ignored by other backends)."""
+
+    partition: str | None = Field(default=None, min_length=1, title="Partition", description="Default: the cluster's default partition.")
+    account: str | None = Field(default=None, min_length=1, title="Account")
+    qos: str | None = Field(default=None, min_length=1, title="QOS")
+    time_limit: str | None = Field(
+        default=None,
+        pattern=_SLURM_TIME,
+        title="Time limit",
+        description="Per attempt, in Slurm's form: minutes, HH:MM:SS or D-HH:MM:SS (default: the partition's).",
+    )
+    warn_before_limit_s: Annotated[int, Field(gt=0, le=65535)] | None = Field(
+        default=None,
+        title="Warn before the limit (s)",
+        description="SIGTERM the workers this long before the time limit: an emergency checkpoint, then a new attempt.",
+    )
+    constraint: str | None = Field(default=None, min_length=1, title="Constraint", description="Node features (--constraint).")
+    gres: str | None = Field(default=None, min_length=1, title="GRES", description="Generic resources per node (--gres), e.g. gpu:a100:4.")
+    exclusive: bool = Field(default=False, title="Exclusive", description="Whole nodes for the job (--exclusive).")
+    sbatch_args: list[str] = Field(
+        default_factory=list, title="Extra sbatch options", description="Passed to sbatch as they are, e.g. [--reservation=x]."
+    )
+    status_host: str | None = Field(
+        default=None,
+        title="Status host",
+        description="Address compute nodes use to reach the orchestrator's status channel (default: "
+        "TRAINFLOW_STATUS_HOST, else this machine's address on the route to slurmctld).",
+    )
+
+
 class RunSpec(Section):
     """A training job: what to train, where, how it is split, saved, protected and recorded."""
 
@@ -463,6 +498,7 @@ class RunSpec(Section):
     fault_tolerance: FaultTolerance = Field(default_factory=FaultTolerance)
     tracking: Tracking = Field(default_factory=Tracking)
     kubernetes: Kubernetes = Field(default_factory=Kubernetes)
+    slurm: Slurm = Field(default_factory=Slurm)
 
     @model_validator(mode="after")
     def _kubernetes_needs_shared_storage_and_image(self) -> RunSpec:

@@ -118,7 +118,6 @@ class AttemptWatcher:
             return None
 
         self._watch_stragglers(status)
-
         # a rank that said it is leaving (finished, raised, preempted, diverged) has stopped its
         # heartbeats on purpose; its exit decides, however long a loaded machine takes to deliver it
         leaving = self._leaving(status)

@@ -115,7 +115,7 @@ def test_train_parameters_are_a_typed_form_of_the_spec_sections(deployed):
     assert (steps["title"], steps["type"], steps["exclusiveMinimum"]) == ("Steps", "integer", 0)
     assert steps["description"] == "Total number of training steps of the job."
     assert definitions["Resources"]["properties"]["nodes"]["title"] == "Nodes"
-    assert definitions["Backend"]["enum"] == ["local", "kubernetes"]  # a choice in the form
+    assert definitions["Backend"]["enum"] == ["local", "kubernetes", "slurm"]  # a choice in the form
     assert definitions["Strategy"]["enum"] == ["ddp", "fsdp", "hybrid"]
     assert "pattern" in run_spec["properties"]["name"]
     drill = deployment(deployed["api"], "drill", "fault-drill")["parameter_openapi_schema"]["definitions"]
@@ -141,7 +141,7 @@ def test_bad_parameters_are_refused_before_a_run_exists(deployed):
     train = deployment(api, "train")
     spec = train["parameters"]["spec"]
     before = api_json(api, "POST", "/flow_runs/count", {"deployments": {"id": {"any_": [train["id"]]}}})
-    for path, bad in [(("workload", "steps"), 0), (("resources", "backend"), "slurm"), (("resources", "nodes"), "two")]:
+    for path, bad in [(("workload", "steps"), 0), (("resources", "backend"), "mesos"), (("resources", "nodes"), "two")]:
         wrong = copy.deepcopy(spec)
         wrong[path[0]][path[1]] = bad
         status, answer = api_call(api, "POST", f"/deployments/{train['id']}/create_flow_run", {"parameters": {"spec": wrong}})

@@ -32,6 +32,8 @@ def launcher_for(spec: RunSpec) -> Launcher:
         import trainflow.backends.local  # noqa: F401  (registers itself)
     if name == "kubernetes":
         import trainflow.backends.kubernetes  # noqa: F401  (registers itself)
+    if name == "slurm":
+        import trainflow.backends.slurm.launcher  # noqa: F401  (registers itself)
     if name not in _REGISTRY:
         raise ValueError(f"resources.backend: {name!r} is not available in this installation")
     return _REGISTRY[name]()

@@ -1,0 +1,83 @@
+"""What an attempt asks Slurm for, and how Slurm's answers are read, without a cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainflow.backends.slurm.batch import batch_script, memory_mb, sbatch_command
+from trainflow.backends.slurm.commands import JobState, parse_key_values, usable
+from trainflow.backends.slurm.launcher import _from_job
+from trainflow.failures import Outcome
+from trainflow.spec import SpecError, parse_spec
+
+
+def spec(**slurm):
+    return parse_spec({
+        "name": "job", "workload": {"entrypoint": "train.py"},
+        "resources": {"backend": "slurm", "nodes": 2, "cpu": 1.5, "memory": "2Gi", "gpu": 1},
+        "slurm": slurm,
+    })
+
+
+def test_sbatch_asks_for_the_spec_s_nodes_section_and_excluded_nodes():
+    command = sbatch_command(
+        spec(partition="gpu", account="vision", qos="high", time_limit="1-02:00:00", warn_before_limit_s=120,
+             constraint="a100", exclusive=True, sbatch_args=["--reservation=maint"]),
+        "run-1", Path("/shared/run-1/attempt-2"), exclude=["node7"],
+    )
+    assert command[:2] == ["sbatch", "--parsable"]
+    for option in ("--job-name=trainflow-run-1", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=2",
+                   "--mem=2048M", "--gpus-per-node=1", "--partition=gpu", "--account=vision", "--qos=high",
+                   "--time=1-02:00:00", "--signal=TERM@120", "--constraint=a100", "--exclusive",
+                   "--exclude=node7", "--reservation=maint", "--no-requeue"):
+        assert option in command
+    assert command[-1] == "/shared/run-1/attempt-2/job.sh"
+
+
+def test_batch_script_runs_one_agent_per_node_with_rendezvous_on_the_first_node():
+    script = batch_script(spec(), "run-1", 3, Path("/shared/run-1/attempt-3"))
+    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1' in script
+    assert "srun --nodes=2 --ntasks-per-node=1" in script
+    assert "trainflow.backends.slurm.node_agent /shared/run-1/attempt-3" in script
+    assert "TRAINFLOW_RDZV_ENDPOINT=" in script
+
+
+@pytest.mark.parametrize("quantity, mb", [("2Gi", 2048), ("512Mi", 512), ("1G", 954), ("1.5Gi", 1536)])
+def test_memory_quantities_become_slurm_megabytes(quantity, mb):
+    assert memory_mb(quantity) == mb
+
+
+def test_a_bad_time_limit_is_refused_naming_the_field():
+    with pytest.raises(SpecError, match="slurm.time_limit"):
+        spec(time_limit="an hour")
+
+
+def test_scontrol_one_line_output_is_read_as_fields():
+    fields = parse_key_values("JobId=12 JobName=x JobState=NODE_FAIL Reason=NodeDown ExitCode=0:9 NodeList=n[1-2]")
+    assert fields["JobState"] == "NODE_FAIL" and fields["ExitCode"] == "0:9" and fields["NodeList"] == "n[1-2]"
+
+
+def test_a_job_slurm_ended_says_what_the_nodes_could_not():
+    lost = JobState("12", "NODE_FAIL", "NodeDown", "n[1-2]", exit_code=0, exit_signal=9)
+    assert _from_job(lost)[:2] == (-9, Outcome.NODE_LOST)
+    assert _from_job(JobState("13", "PREEMPTED", "None", "n1", exit_code=0, exit_signal=15))[1] == Outcome.PREEMPTED
+    assert _from_job(JobState("14", "FAILED", "NonZeroExitCode", "n1", exit_code=3, exit_signal=0))[:2] == (3, None)
+
+
+def test_down_and_not_responding_nodes_are_not_usable():
+    assert usable("IDLE") and usable("MIXED") and usable("ALLOCATED")
+    assert not usable("DOWN*") and not usable("IDLE*") and not usable("DRAINED") and not usable("DOWN")
+
+
+def test_without_slurm_s_commands_the_spec_is_refused_before_anything_is_provisioned(monkeypatch, tmp_path):
+    from trainflow.preflight import preflight
+
+    (tmp_path / "train.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
+    with pytest.raises(SpecError, match="resources.backend: slurm needs Slurm's commands on PATH"):
+        preflight(spec())
+    assert not (tmp_path / "home" / "runs").exists()
