@@ -145,7 +145,9 @@ class AttemptWatcher:
             limit = self.limits.hang_after(status) if status.first_step_at else self.limits.startup_timeout_s
             if now - stalled_since > limit:
                 stuck = sorted(r.rank for r in status.ranks.values() if (r.progressed_at or 0) <= stalled_since)
-                if self._storage_calls:
+                # in an outage every rank waits on the store (each uploads its own files); a rank
+                # stuck anywhere else makes it a hang
+                if all(rank in self._storage_calls for rank in status.ranks):
                     return self._storage_stall(status, now, stalled_since)
                 reason = f"no step progress for {now - stalled_since:.1f}s (ranks {stuck}) while heartbeats continue"
                 if not status.first_step_at:

@@ -153,6 +153,19 @@ def test_a_stall_while_ranks_wait_on_the_checkpoint_store_is_infra_not_a_hang(ch
             r.close()
 
 
+def test_a_stall_with_a_rank_stuck_outside_storage_calls_is_a_hang(channel):
+    ranks = [reporter(channel, r) for r in range(2)]
+    try:
+        ranks[0].send("storage", state="waiting", since=time.time(), call="waiting for the checkpoint save of step 5")
+        for r in ranks:
+            r.send("progress", steps=[{"step": 5, "step_time_s": 0.01, "compute_s": 0.01}])
+        result = watcher(channel, StandInLauncher(2), heartbeat_timeout_s=5, hang_timeout_s=1.0).run(poll_s=0.05)
+        assert result.outcome == Outcome.HUNG
+    finally:
+        for r in ranks:
+            r.close()
+
+
 def test_a_stall_after_the_storage_call_returned_is_still_a_hang(channel):
     ranks = [reporter(channel, r) for r in range(2)]
     try:
