@@ -174,5 +174,5 @@ class StatusServer:
             node = message.get("node")
             figures = {f"system/node_{node}/{name}": value for name, value in message.get("figures", {}).items()}
             self.metrics.put((current.max_step(), message["t"], figures))
-        elif kind in ("checkpoint", "restored", "error", "finished", "started", "preempted", "diverged"):
+        elif kind in ("checkpoint", "restored", "error", "finished", "started", "preempted", "diverged", "layout"):
             self.events.put(message)

@@ -37,6 +37,9 @@ class WorkerConfig:
     snapshot_every_s: float = 0.0  # checkpoint.snapshot_every_s: 0 snapshots every checkpoint
     keep_every_steps: int = 0  # checkpoint.keep_every_steps: these steps are always snapshotted
     local_tier: bool = True  # checkpoint.local_tier: save to node-local disk first, restore from it
+    parallel_strategy: str = "ddp"  # parallel.strategy; the data degree follows from the world size
+    tensor_degree: int = 1  # parallel.tensor
+    pipeline_degree: int = 1  # parallel.pipeline
 
     def write(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)

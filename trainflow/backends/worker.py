@@ -33,4 +33,7 @@ def worker_config(spec: RunSpec, run_id: str, plan: AttemptPlan, node: int, node
         snapshot_every_s=spec.checkpoint.snapshot_every_s,
         keep_every_steps=spec.checkpoint.keep_every_steps,
         local_tier=spec.checkpoint.local_tier,
+        parallel_strategy=spec.parallel.strategy.value,
+        tensor_degree=spec.parallel.tensor,
+        pipeline_degree=spec.parallel.pipeline,
     )
