@@ -3,7 +3,7 @@
     import trainflow.runtime as tf
 
     run = tf.init()                                    # process group, seeds, device
-    model = DDP(Net().to(run.device))                  # or fully_shard(Net(), mesh=run.mesh["dp"]), see run.mesh
+    model = DDP(Net().to(run.device))                  # or fully_shard(Net(), mesh=run.mesh["dp"])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     start = run.restore(model=model, optimizer=optimizer, data=batches)
     for step in run.steps(start, samples_per_step=global_batch):
@@ -175,7 +175,9 @@ class Run:
                 self.checkpoint()
                 self._saved_step = step
 
-    def batches(self, loader: Iterable[Any], start: int = 0, samples_per_step: int | None = None) -> Iterator[tuple[int, Any]]:
+    def batches(
+        self, loader: Iterable[Any], start: int = 0, samples_per_step: int | None = None
+    ) -> Iterator[tuple[int, Any]]:
         """The step loop over a data loader, epoch after epoch: yields (step, batch) for the steps
         after `start`. With a ResumableLoader registered in restore(data=loader) a restored run
         continues mid-epoch at the very batch it would have had (see runtime/data.py)."""

@@ -3,9 +3,10 @@
 At a control point every rank shares two numbers over a CPU (gloo) group: "I was asked to stop"
 and a hash of the parameter values it holds (on divergence-check steps). Hashes are compared only
 within replica groups: ranks that must hold equal values (replicas along the replicated
-data-parallel dimension), never shards that differ by design (see runtime/sharding.py). Control points come every step while
-the step time is unknown, then at a cadence fixed once by rank 0 (about every CONTROL_PERIOD_S),
-so the check costs a fraction of a percent of training time and every rank stops at the same step.
+data-parallel dimension), never shards that differ by design (see runtime/sharding.py).
+Control points come every step while the step time is unknown, then at a cadence fixed once by
+rank 0 (about every CONTROL_PERIOD_S), so the check costs a fraction of a percent of training
+time and every rank stops at the same step.
 """
 
 from __future__ import annotations
