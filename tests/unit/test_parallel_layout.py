@@ -97,3 +97,12 @@ def test_a_hash_of_whole_tensors_refuses_a_shard(one_rank):
     fully_shard(sharded, mesh=one_rank.build_mesh("cpu")["dp"])
     with pytest.raises(TypeError, match="full_params_sha256"):
         params_sha256(dict(sharded.named_parameters()))
+
+
+def test_hybrid_that_cannot_shard_within_a_node_is_refused_at_validation():
+    from trainflow.spec import SpecError, load_spec
+
+    overrides = ["resources.nodes=2", "resources.procs_per_node=1", "parallel.strategy=hybrid", "parallel.tensor=2"]
+    with pytest.raises(SpecError, match="parallel.strategy: hybrid shards within a node"):
+        load_spec("examples/fsdp_tp/spec.yaml", overrides)
+    assert load_spec("examples/fsdp_tp/spec.yaml", ["parallel.strategy=hybrid"]).parallel.data == 2

@@ -11,6 +11,9 @@
         run.log(loss=loss.item())                      # checkpoints happen every N steps by themselves
     run.finish()
 
+`run.parallel` and `run.mesh` are the spec's layout (runtime/layout.py); `run.batches(loader, start)`
+is the same loop over a ResumableLoader, epoch after epoch (runtime/data.py).
+
 Launched by `trainflow run SPEC`, never by hand: the orchestrator passes everything else.
 Workers report heartbeats, progress, metrics and events to the orchestrator only; they never
 write to MLflow or Prefect.
