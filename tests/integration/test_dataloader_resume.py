@@ -26,6 +26,7 @@ def run(env: dict, stop_at_step: int) -> dict:
     return summary_of(result)
 
 
+@pytest.mark.timeout(900)  # two runs, one of them failing over
 def test_dataloader_job_resumes_exactly_from_a_mid_epoch_checkpoint(cli_env):
     uninterrupted = run(cli_env, stop_at_step=0)
     assert [a["outcome"] for a in uninterrupted["attempts"]] == ["SUCCEEDED"]

@@ -50,6 +50,7 @@ def drill(env: dict, fault: str, *extra: str) -> dict:
     return report
 
 
+@pytest.mark.timeout(900)  # a baseline and a faulted run of 4 ranks on a shared 2-core machine
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_sharded_layout_trains_to_the_end_and_a_crash_resumes_exactly(home_env, layout):
     report = drill(home_env, "crash", *LAYOUTS[layout])
@@ -67,6 +68,7 @@ def losses(client: MlflowClient, run_id: str) -> dict[int, float]:
     return {m.step: m.value for m in client.get_metric_history(run_id, "loss")}
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.skipif(not can_make_hosts, reason="needs root and iproute2 for network namespaces")
 def test_permanent_node_loss_reshards_fsdp_tp_to_fewer_ranks(home_env):
     report = drill(home_env, "node-loss", "--node", "1", "--permanent", "--set", "resources.min_nodes=1")
@@ -84,6 +86,7 @@ def test_permanent_node_loss_reshards_fsdp_tp_to_fewer_ranks(home_env):
     assert mine[resumed + 1] == pytest.approx(base[resumed + 1], rel=1e-4, abs=1e-6)
 
 
+@pytest.mark.timeout(600)
 def test_hsdp_replicas_that_diverge_are_caught_and_shards_never_compared(cli_env):
     result = run_cli(["run", SPEC, "--set", "workload.entrypoint=tests/integration/workloads/diverge_hsdp.py",
                       "--set", "workload.args=[--at-step, '25']", "--set", "parallel.strategy=hybrid",
