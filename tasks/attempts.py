@@ -30,7 +30,8 @@ def release_attempt(
     )
     tracker.log_params(
         child,
-        {"attempt": result.attempt, "world_size": result.world_size, "resumed_from_step": result.resumed_from_step},
+        {"attempt": result.attempt, "world_size": result.world_size, "resumed_from_step": result.resumed_from_step,
+         **attempt_degrees(spec, result.world_size)},
     )
     tracker.log_metrics(
         child,
@@ -63,6 +64,12 @@ def release_attempt(
     get_run_logger().info("attempt %d released (%d process(es) stopped); its logs: MLflow run %s, artifacts logs/",
                           result.attempt, stopped, child)
     return stopped
+
+
+def attempt_degrees(spec: RunSpec, world_size: int) -> dict[str, int]:
+    """The degrees this attempt ran with: the data degree follows its world size."""
+    p = spec.parallel
+    return {"dp_degree": world_size // (p.tensor * p.pipeline), "tp_degree": p.tensor, "pp_degree": p.pipeline}
 
 
 @lifecycle_task(name="classify-outcome")

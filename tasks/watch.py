@@ -37,6 +37,14 @@ def watch_attempt(
         elif kind == "straggler":
             logger.warning("rank %s on node %s is a straggler (compute %.1fx the others') at step %s",
                            event["rank"], event["node"], event["score"], event["step"])
+        elif kind == "layout":
+            logger.info("attempt %d layout: %s, world size %s, dp %s, tp %s, pp %s", handle.attempt,
+                        event.get("strategy"), event.get("world_size"), event.get("dp_degree"),
+                        event.get("tp_degree"), event.get("pp_degree"))
+            for warning in event.get("warnings", []):
+                logger.warning("layout: %s", warning)
+            if event.get("warnings"):
+                provisioned.tracker.set_tags(record.mlflow_run_id, {"layout_warnings": " | ".join(event["warnings"])})
         elif kind == "preempted" and event.get("signalled"):
             logger.warning("rank %s was preempted: emergency checkpoint at step %s", event["rank"], event["step"])
 

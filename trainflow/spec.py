@@ -534,6 +534,11 @@ class RunSpec(Section):
                 raise ValueError(f"resources.min_nodes: {min_nodes} is more than resources.nodes ({self.resources.nodes})")
             if (min_nodes * self.resources.procs_per_node) % model_degree:
                 raise ValueError(f"resources.min_nodes: tensor × pipeline = {model_degree} does not divide the smaller world")
+        if self.parallel.strategy == Strategy.hybrid and self.resources.procs_per_node % model_degree:
+            raise ValueError(
+                f"parallel.strategy: hybrid shards within a node, so tensor × pipeline = {model_degree} "
+                f"must divide resources.procs_per_node ({self.resources.procs_per_node})"
+            )
         if self.parallel.backend == CommBackend.nccl and self.resources.gpu == 0:
             raise ValueError("parallel.backend: nccl needs resources.gpu > 0")
         if self.resources.gpu and self.resources.procs_per_node > self.resources.gpu:

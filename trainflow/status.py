@@ -267,7 +267,7 @@ class StatusServer:
         elif kind == "resources":  # named like MLflow's system metrics, one set per node
             figures = {f"system/node_{identity.node}/{name}": value for name, value in message["figures"].items()}
             self.metrics.put((current.max_step(), message["t"], figures))
-        elif kind in ("checkpoint", "restored", "error", "started", "preempted", "diverged", "storage"):
+        elif kind in ("checkpoint", "restored", "error", "started", "preempted", "diverged", "storage", "layout"):
             self.events.put(message)
         if newly_finished:
             self.events.put(current.finished)

@@ -41,6 +41,9 @@ class WorkerConfig:
     local_tier: bool = True  # checkpoint.local_tier: save to node-local disk first, restore from it
     pause_at_step: int | None = None  # drills: wait here until `fault_gate` exists (the fault is in)
     fault_gate: str | None = None
+    parallel_strategy: str = "ddp"  # parallel.strategy; the data degree follows from the world size
+    tensor_degree: int = 1  # parallel.tensor
+    pipeline_degree: int = 1  # parallel.pipeline
 
     def write(self, path: Path) -> Path:
         """A new file readable by its owner only: it holds the status channel's token."""

@@ -37,6 +37,9 @@ def worker_config(spec: RunSpec, run_id: str, plan: AttemptPlan, node: int, node
         pause_at_step=plan.pause_at_step,
         # node scratch folders sit side by side in the run's scratch, where the drill opens the gate
         fault_gate=str(fault_gate_path(node_scratch.parent, plan.attempt)) if plan.pause_at_step else None,
+        parallel_strategy=spec.parallel.strategy.value,
+        tensor_degree=spec.parallel.tensor,
+        pipeline_degree=spec.parallel.pipeline,
     )
 
 

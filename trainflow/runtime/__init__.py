@@ -3,13 +3,16 @@
     import trainflow.runtime as tf
 
     run = tf.init()                                    # process group, seeds, device
-    model = DDP(Net().to(run.device))
+    model = DDP(Net().to(run.device))                  # or fully_shard(Net(), mesh=run.mesh["dp"])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     start = run.restore(model=model, optimizer=optimizer, data=batches)
     for step in run.steps(start, samples_per_step=global_batch):
         loss = train_step(batches.next())
         run.log(loss=loss.item())                      # checkpoints happen every N steps by themselves
     run.finish()
+
+`run.parallel` and `run.mesh` are the spec's layout (runtime/layout.py); `run.batches(loader, start)`
+is the same loop over a ResumableLoader, epoch after epoch (runtime/data.py).
 
 Launched by `trainflow run SPEC`, never by hand: the orchestrator passes everything else.
 Workers report heartbeats, progress, metrics and events to the orchestrator only; they never
@@ -25,7 +28,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -40,12 +43,15 @@ from trainflow.runtime import exit_codes
 from trainflow.runtime.checkpointing import Checkpointer, Stateful
 from trainflow.runtime.comm_timer import CommTimer
 from trainflow.runtime.control import ControlPlane
+from trainflow.runtime.data import ResumableLoader
+from trainflow.runtime.layout import ParallelLayout
 from trainflow.runtime.resources import ResourceSampler
 from trainflow.runtime.reporter import StatusReporter
-from trainflow.runtime.state import params_sha256, seed_everything
+from trainflow.runtime.sharding import layout_warnings, replicated_dims
+from trainflow.runtime.state import full_params_sha256, seed_everything
 from trainflow.worker_config import WorkerConfig
 
-__all__ = ["Run", "init"]
+__all__ = ["ResumableLoader", "Run", "init"]
 
 PROGRESS_BATCH_S = 0.02  # steps are reported in batches at most this old
 FAULT_GATE_LIMIT_S = 120.0
@@ -63,6 +69,12 @@ class Run:
         self.total_steps = config.total_steps
         self.step = 0
         self.device = self._pick_device()
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        self.parallel = ParallelLayout.for_world(
+            config.parallel_strategy, config.tensor_degree, config.pipeline_degree,
+            self.world_size, max(1, self.world_size // local_world), self.rank,
+        )
+        self._mesh = None
         self.reporter = StatusReporter(
             config.status_address,
             config.status_token,
@@ -99,11 +111,20 @@ class Run:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def mesh(self):
+        """The DeviceMesh of the spec's layout, dimensions named as `run.parallel.dim_names` (see
+        runtime/layout.py). Built on first use; every rank must first use it at the same point."""
+        if self._mesh is None:
+            self._mesh = self.parallel.build_mesh(self.device.type)
+        return self._mesh
+
     def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, **extras: Any) -> int:
         """Register the training state; load the checkpoint the orchestrator chose. Returns the step to
         continue after (0 for a fresh start). `extras` are objects with state_dict/load_state_dict
         returning JSON values (a data loader's position, a scheduler)."""
         self._state = Stateful(model=model, optimizer=optimizer, extras=extras)
+        self._check_layout(model)
         # this run's node-local copies first, then the orchestrator's choice and older ones, each
         # verified; a candidate that fails is skipped with its reason (see runtime/checkpointing.py)
         restored = self._checkpointer.restore(self.config.restore_prefix, self._state)
@@ -126,6 +147,21 @@ class Run:
                 checkpoint_restore_fallbacks=len(restored.fallbacks),
             )
         return self.step
+
+    def _check_layout(self, model: torch.nn.Module) -> None:
+        """Compare replicas only where the model has them; tell the orchestrator the attempt's
+        degrees and where the model contradicts the declared layout."""
+        replicated = replicated_dims(model, self.parallel)
+        if replicated is not None:
+            self._control.replica_groups = self.parallel.replica_groups(replicated)
+        if self.is_main:
+            warnings = layout_warnings(model, self.parallel)
+            for warning in warnings:
+                print(f"trainflow: warning: {warning}", file=sys.stderr, flush=True)
+            self.reporter.send(
+                "layout", strategy=self.parallel.strategy, **self.parallel.degrees(),
+                replicated=list(replicated) if replicated is not None else None, warnings=warnings,
+            )
 
     def steps(self, start: int = 0, samples_per_step: int | None = None) -> Iterator[int]:
         """Yield the steps after `start` up to the job's total; reports progress, checkpoints, and
@@ -162,12 +198,30 @@ class Run:
         while not gate.exists() and time.monotonic() < deadline:
             time.sleep(0.005)
 
+    def batches(
+        self, loader: Iterable[Any], start: int = 0, samples_per_step: int | None = None
+    ) -> Iterator[tuple[int, Any]]:
+        """The step loop over a data loader, epoch after epoch: yields (step, batch) for the steps
+        after `start`. With a ResumableLoader registered in restore(data=loader) a restored run
+        continues mid-epoch at the very batch it would have had (see runtime/data.py)."""
+        source = loader.forever() if hasattr(loader, "forever") else _epochs(loader)
+        try:
+            for step in self.steps(start, samples_per_step):
+                with self.waiting_for_data():
+                    batch = next(source)
+                yield step, batch
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()  # ends the loader's worker processes now, not whenever it is collected
+
     def _at_control_point(self, step: int, elapsed: float, verify: bool) -> None:
         model = self._state.model if self._state is not None else None
         stop, hashes = self._control.agree(step, elapsed, model, verify)
-        if hashes is not None and len(set(hashes)) > 1:
+        if hashes is not None and self._control.diverged(hashes):
             if self.is_main:
-                self.reporter.send("diverged", step=step, hashes=[f"{h:015x}" for h in hashes])
+                self.reporter.send("diverged", step=step, hashes=[f"{h:015x}" for h in hashes],
+                                   groups=self._control.diverged(hashes))
             self._leave(exit_codes.DIVERGED, f"replicas diverged at step {step}")
         if stop:
             # the emergency checkpoint, every rank at this same step; returns once it is durable
@@ -226,10 +280,10 @@ class Run:
         if self._state is not None:
             # every rank reports for itself: the orchestrator counts the attempt finished only
             # once the whole world has, each from its own connection
+            digest = full_params_sha256(self._state.model)  # collective: sharded parameters are gathered
             report: dict[str, Any] = {"step": self.step}
             if self.is_main:
-                model_sd = self._checkpointer.model_state(self._state)
-                report.update(params_sha256=params_sha256(model_sd), loss=self._last_loss)
+                report.update(params_sha256=digest, loss=self._last_loss)
             self.reporter.send("finished", **report)
         dist.barrier()
         self.reporter.close()
@@ -279,6 +333,16 @@ class Run:
             previous(kind, value, tb)
 
         sys.excepthook = report
+
+
+def _epochs(loader: Iterable[Any]) -> Iterator[Any]:
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError("the data loader has no batches for this rank")
 
 
 def init() -> Run:

@@ -1,9 +1,12 @@
 """The workers' control point: agree on a preemption, compare replicas.
 
 At a control point every rank shares two numbers over a CPU (gloo) group: "I was asked to stop"
-and a hash of its parameters (on divergence-check steps). Control points come every step while
-the step time is unknown, then at a cadence fixed once by rank 0 (about every CONTROL_PERIOD_S),
-so the check costs a fraction of a percent of training time and every rank stops at the same step.
+and a hash of the parameter values it holds (on divergence-check steps). Hashes are compared only
+within replica groups: ranks that must hold equal values (replicas along the replicated
+data-parallel dimension), never shards that differ by design (see runtime/sharding.py).
+Control points come every step while the step time is unknown, then at a cadence fixed once by
+rank 0 (about every CONTROL_PERIOD_S), so the check costs a fraction of a percent of training
+time and every rank stops at the same step.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from trainflow.runtime.state import params_sha256
+from trainflow.runtime.state import local_params_hash
 
 CONTROL_PERIOD_S = 0.25
 WARMUP_STEPS = 10
@@ -26,6 +29,8 @@ class ControlPlane:
         self.world_size = world_size
         self.divergence_every = divergence_every
         self.group = dist.new_group(backend="gloo")
+        # ranks whose parameter values must be equal; every rank alone until a model is registered
+        self.replica_groups: list[list[int]] = [[r] for r in range(world_size)]
         self.preempt_requested_at: float | None = None
         self._every = 1
         self._tuned = False
@@ -50,15 +55,26 @@ class ControlPlane:
         """Collective at a control point: (someone must stop, every rank's parameter hash or None).
         Hashes are compared on divergence-check steps and, with `verify`, before a checkpoint."""
         self._tune_cadence(step, step_time_s)
-        check = bool(self.divergence_every) and (verify or self._divergence_step(step)) and model is not None
+        check = (
+            bool(self.divergence_every) and (verify or self._divergence_step(step)) and model is not None
+            and self.has_replicas
+        )
         mine = torch.tensor(
-            [int(self.preempt_requested_at is not None), _param_hash(model) if check else 0], dtype=torch.int64
+            [int(self.preempt_requested_at is not None), local_params_hash(model) if check else 0], dtype=torch.int64
         )
         everyone = [torch.zeros_like(mine) for _ in range(self.world_size)]
         dist.all_gather(everyone, mine, group=self.group)
         stop = any(int(t[0]) for t in everyone)
         hashes = [int(t[1]) for t in everyone] if check else None
         return stop, hashes
+
+    @property
+    def has_replicas(self) -> bool:
+        return any(len(group) > 1 for group in self.replica_groups)
+
+    def diverged(self, hashes: list[int]) -> list[list[int]]:
+        """The replica groups whose members hold different values."""
+        return [group for group in self.replica_groups if len({hashes[r] for r in group}) > 1]
 
     def _tune_cadence(self, step: int, step_time_s: float) -> None:
         if self._warmup_until is None:
@@ -74,7 +90,3 @@ class ControlPlane:
         self._every = int(chosen[0])
         self._tuned = True
 
-
-def _param_hash(model: torch.nn.Module) -> int:
-    named = {name: p.detach() for name, p in model.named_parameters()}
-    return int(params_sha256(named)[:15], 16)

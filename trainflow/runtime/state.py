@@ -76,15 +76,46 @@ def seed_everything(seed: int) -> None:
 
 
 def params_sha256(named_tensors: dict[str, torch.Tensor]) -> str:
-    """sha256 over parameters in sorted-name order: equal hashes mean bit-identical models."""
+    """sha256 over parameters in sorted-name order: equal hashes mean bit-identical models.
+    The tensors must be whole (see full_params_sha256 for a sharded model)."""
     digest = hashlib.sha256()
     for name in sorted(named_tensors):
-        tensor = named_tensors[name].detach().to("cpu").contiguous()
+        tensor = _plain(named_tensors[name]).detach().to("cpu").contiguous()
         digest.update(name.encode())
         digest.update(str(tensor.dtype).encode())
         digest.update(str(tuple(tensor.shape)).encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
     return digest.hexdigest()
+
+
+def full_params_sha256(model: torch.nn.Module) -> str | None:
+    """The one definition of a model's hash, whatever its layout: params_sha256 over the full model
+    state (every DTensor gathered whole) under its wrapper-free names (no DDP `module.`, no FSDP or
+    compile prefixes), so DDP, FSDP2, TP and HSDP runs of one model, or a run resharded to fewer
+    ranks, compare. Collective: every rank calls it; rank 0 gets the hash, the others None."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    # gathered into rank 0's host memory only: the others get an empty dict
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return params_sha256(full) if full else None
+
+
+def local_params_hash(model: torch.nn.Module) -> int:
+    """A cheap 60-bit hash of the values this rank holds (its shards of a sharded parameter), for
+    comparing replicas: no collective, nothing gathered."""
+    named = {name: _local(p.detach()) for name, p in model.named_parameters()}
+    return int(params_sha256(named)[:15], 16)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(tensor, "to_local", None)  # a DTensor: this rank's shard
+    return to_local() if callable(to_local) else tensor
+
+
+def _plain(tensor: torch.Tensor) -> torch.Tensor:
+    if callable(getattr(tensor, "to_local", None)):
+        raise TypeError("params_sha256 needs whole tensors: use full_params_sha256(model) for a sharded model")
+    return tensor
 
 
 def _to_lists(value: Any) -> Any:

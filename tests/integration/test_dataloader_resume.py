@@ -1,0 +1,39 @@
+"""An epoch-based job fed by a DataLoader over a DistributedSampler (shuffled, worker processes,
+random augmentation, dropout, an epoch-stepped scheduler) resumes exactly from a mid-epoch
+checkpoint: the run that fails over ends bit-identical to an uninterrupted one."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.conftest import run_cli, summary_of, unique_prefix
+
+pytestmark = pytest.mark.integration
+
+JOB = [
+    "--set", "workload.entrypoint=tests/integration/workloads/dataloader_ddp.py",
+    "--set", "workload.steps=30",
+    "--set", "checkpoint.every_steps=10",
+    "--set", "resources.nodes=1", "--set", "resources.procs_per_node=2",  # 6 batches an epoch per rank
+    "--json",
+]
+
+
+def run(env: dict, stop_at_step: int) -> dict:
+    result = run_cli(["run", "examples/digits/spec.yaml", "--set", f"workload.args=[--stop-at-step, '{stop_at_step}']",
+                      "--set", f"checkpoint.uri={unique_prefix()}", *JOB], env, timeout_s=420)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return summary_of(result)
+
+
+@pytest.mark.timeout(900)  # two runs, one of them failing over
+def test_dataloader_job_resumes_exactly_from_a_mid_epoch_checkpoint(cli_env):
+    uninterrupted = run(cli_env, stop_at_step=0)
+    assert [a["outcome"] for a in uninterrupted["attempts"]] == ["SUCCEEDED"]
+    # step 15 is batch 3 of epoch 2; the first attempt commits it and exits
+    resumed = run(cli_env, stop_at_step=15)
+    attempts = resumed["attempts"]
+    assert [a["outcome"] for a in attempts] == ["CRASHED", "SUCCEEDED"], attempts
+    assert attempts[1]["resumed_from_step"] == 15
+    assert resumed["final_step"] == 30
+    assert resumed["params_sha256"] == uninterrupted["params_sha256"]
