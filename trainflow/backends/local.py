@@ -22,7 +22,7 @@ import psutil
 from trainflow.backends import register
 from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, NodeExit, ReleaseReport
 from trainflow.backends.netns import NetworkError, NodeNetwork
-from trainflow.backends.parent_death import ends_with_this_process
+from trainflow.backends.parent_death import ending_with_this_process
 from trainflow.backends.ports import free_port, is_listening
 from trainflow.backends.processes import describe, job_processes, signal_session, terminate, wait_until_gone
 from trainflow.backends.worker import worker_config
@@ -105,13 +105,12 @@ class LocalLauncher:
             log_path = attempt_dir / f"node-{node}.log"
             with open(log_path, "ab") as log:
                 handle.processes[node] = subprocess.Popen(
-                    self._command(spec, allocation, plan, node, slot, attempt_dir),
+                    ending_with_this_process(self._command(spec, allocation, plan, node, slot, attempt_dir)),
                     env=self._environment(spec, allocation, node, config_path),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    preexec_fn=ends_with_this_process(),
                 )
             handle.logs[node] = log_path
         allocation.details.setdefault("sessions", []).extend(p.pid for p in handle.processes.values())
