@@ -23,7 +23,7 @@ import psutil
 from trainflow.backends import register
 from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, NodeExit, RankExit, ReleaseReport
 from trainflow.backends.netns import NetworkError, NodeNetwork
-from trainflow.backends.parent_death import ends_with_this_process
+from trainflow.backends.parent_death import ending_with_this_process
 from trainflow.backends.ports import free_port, is_listening
 from trainflow.backends.processes import describe, job_processes, signal_session, terminate, wait_until_gone
 from trainflow.backends.torchrun_report import failed_ranks, stderr_tail
@@ -115,13 +115,12 @@ class LocalLauncher:
             log_path = attempt_dir / f"node-{node}.log"
             with open(open_private(log_path, append=True), "ab") as log:
                 handle.processes[node] = subprocess.Popen(
-                    self._command(spec, allocation, plan, node, slot, attempt_dir),
+                    ending_with_this_process(self._command(spec, allocation, plan, node, slot, attempt_dir)),
                     env=self._environment(spec, allocation, node, config_path),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    preexec_fn=ends_with_this_process(),
                 )
             handle.logs[node] = log_path
         allocation.details.setdefault("sessions", []).extend(p.pid for p in handle.processes.values())
