@@ -13,6 +13,10 @@ from prefect import get_run_logger
 from tasks import lifecycle_task
 from tasks.records import Provisioned, RunRecord
 from trainflow.backends import AttemptHandle
+from trainflow.checkpoint.catalog import latest_verified
+from trainflow.checkpoint.keep_local import keep_newer_local_checkpoints
+from trainflow.checkpoint.storage import StorageError, open_storage
+from trainflow.home import resolve_checkpoint_uri, trainflow_home
 from trainflow.orphans import clear_unprovisioned
 from trainflow.spec import RunSpec
 from trainflow.tracking import PARENT_TAG, Tracker, tracking_uri_for
@@ -46,7 +50,9 @@ def teardown(
                 logger.info("attempt %d stopped (%d process(es); SIGTERM, then SIGKILL after %g s)",
                             handle.attempt, stopped, grace_s)
             provisioned.channel.close()
+            kept = keep_undurable_state(spec, run_id, provisioned, logger)
             report = provisioned.launcher.release(provisioned.allocation).as_dict()
+            report["kept_paths"] = kept
             report["status_channel_closed"] = True
         elif record is not None:
             report = clear_unprovisioned(run_id)  # stopped inside provision: what it had reserved so far
@@ -60,6 +66,28 @@ def teardown(
     else:
         logger.error("teardown left survivors: %s", "; ".join(report["survivors"]))
     return report
+
+
+def keep_undurable_state(spec: RunSpec, run_id: str, provisioned: Provisioned,
+                         logger: logging.Logger | logging.LoggerAdapter) -> list[str]:
+    """Move a node-local checkpoint newer than the store's newest verified one out of the scratch
+    that release removes: it is the only copy of the newest state."""
+    try:
+        durable = latest_verified(open_storage(resolve_checkpoint_uri(spec.checkpoint.uri)), run_id)
+    except StorageError as exc:
+        logger.warning("checkpoint store unreadable at teardown (%s): keeping the newest node-local copy", exc)
+        durable = None
+    destination = trainflow_home() / "kept" / run_id
+    try:
+        kept = keep_newer_local_checkpoints(provisioned.allocation.scratch, run_id,
+                                            durable.step if durable else None, destination)
+    except OSError as exc:
+        logger.error("could not keep the newest node-local checkpoint of %s: %s", run_id, exc)
+        return []
+    if kept:
+        logger.warning("the newest state is only on the nodes (newer than the store's step %s): kept in %s",
+                       durable.step if durable else "none", destination)
+    return kept
 
 
 def close_tracking(

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 
+from trainflow.checkpoint.keep_local import keep_newer_local_checkpoints, newer_local_checkpoints
 from trainflow.checkpoint.local_tier import LocalTier
 from trainflow.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest
 from trainflow.checkpoint.storage import PARTIAL, AlreadyExists
@@ -99,3 +101,25 @@ def test_discard_removes_the_manifest_first(tier):
     tier.discard(prefix)
     assert not tier.folder(prefix).exists()
     assert tier.committed("run-a") == []
+
+
+def test_the_newest_state_only_on_the_nodes_is_moved_out_of_the_scratch_not_deleted(tmp_path):
+    scratch = tmp_path / "scratch"
+    tiers = [LocalTier(scratch / f"node-{n}" / "checkpoints") for n in range(2)]
+    for tier in tiers:
+        save(tier, 30)
+        save(tier, 40)
+        save(tier, 50, commit=False)  # a save that never committed is not state anyone can load
+    kept = keep_newer_local_checkpoints(scratch, "run-a", durable_step=30, destination=tmp_path / "kept")
+    assert sorted(Path(p).relative_to(tmp_path / "kept").as_posix() for p in kept) == [
+        "node-0/step-00000040-a1-1", "node-1/step-00000040-a1-1"]
+    assert all((Path(p) / MANIFEST_NAME).is_file() for p in kept)
+    assert [h.step for h in tiers[0].committed("run-a")] == [30]  # moved, not copied
+
+
+def test_nothing_is_kept_once_the_newest_local_state_is_durable(tmp_path):
+    scratch = tmp_path / "scratch"
+    save(LocalTier(scratch / "node-0" / "checkpoints"), 40)
+    assert keep_newer_local_checkpoints(scratch, "run-a", durable_step=40, destination=tmp_path / "kept") == []
+    assert newer_local_checkpoints(scratch, "run-a", durable_step=None) == [
+        scratch / "node-0" / "checkpoints" / "run-a" / "step-00000040-a1-1"]
