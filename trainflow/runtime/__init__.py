@@ -44,7 +44,7 @@ from trainflow.runtime.checkpointing import Checkpointer, Stateful
 from trainflow.runtime.comm_timer import CommTimer
 from trainflow.runtime.control import ControlPlane
 from trainflow.runtime.data import ResumableLoader
-from trainflow.runtime.exact_reduction import reduce_each_parameter
+from trainflow.runtime.ddp_buckets import fix_bucket_layout
 from trainflow.runtime.layout import ParallelLayout
 from trainflow.runtime.resources import ResourceSampler
 from trainflow.runtime.reporter import StatusReporter
@@ -126,7 +126,7 @@ class Run:
         returning JSON values (a data loader's position, a scheduler)."""
         self._state = Stateful(model=model, optimizer=optimizer, extras=extras)
         self._check_layout(model)
-        reduce_each_parameter(model)  # fresh or restored alike: DDP's bucket layout must not change the sums
+        fix_bucket_layout(model)  # fresh or restored alike: DDP's bucket layout must not change the sums
         # this run's node-local copies first, then the orchestrator's choice and older ones, each
         # verified; a candidate that fails is skipped with its reason (see runtime/checkpointing.py)
         restored = self._checkpointer.restore(self.config.restore_prefix, self._state)

@@ -1,10 +1,11 @@
 """A restart rebuilds DDP; with four real gloo ranks the resumed training must still end
-bit-identical to an uninterrupted one (trainflow.runtime.exact_reduction)."""
+bit-identical to an uninterrupted one (trainflow.runtime.ddp_buckets)."""
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import itertools
 import socket
 
 import torch
@@ -14,11 +15,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from trainflow.runtime.exact_reduction import reduce_each_parameter
+from trainflow.runtime.ddp_buckets import fix_bucket_layout
 
 WORLD = 4
 STEPS = 12
 RESTART_AT = 6
+BUCKET_CAPS_MB = (None, 0.03)  # DDP's default (one bucket for this model), and several buckets
 
 
 def _net() -> nn.Module:
@@ -26,13 +28,14 @@ def _net() -> nn.Module:
     return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
-def _wrap(state: tuple[dict, dict] | None, exact: bool) -> tuple[DistributedDataParallel, torch.optim.Optimizer]:
+def _wrap(state: tuple[dict, dict] | None, exact: bool, bucket_cap_mb: float | None
+          ) -> tuple[DistributedDataParallel, torch.optim.Optimizer]:
     module = _net()
     if state is not None:
         module.load_state_dict(state[0])
-    model = DistributedDataParallel(module)
+    model = DistributedDataParallel(module, bucket_cap_mb=bucket_cap_mb)
     if exact:
-        assert reduce_each_parameter(model)
+        assert fix_bucket_layout(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     if state is not None:
         optimizer.load_state_dict(state[1])
@@ -45,12 +48,14 @@ def _train(rank: int, port: int, results) -> None:
     generator = torch.Generator().manual_seed(100 + rank)
     batches = [(torch.randn(16, 64, generator=generator), torch.randint(0, 10, (16,), generator=generator))
                for _ in range(STEPS)]
-    for name, exact, restart in (("uninterrupted", True, False), ("restarted", True, True), ("plain", False, False)):
-        model, optimizer = _wrap(None, exact)
+    runs = [("uninterrupted", True, False), ("restarted", True, True), ("plain", False, False)]
+    for (name, exact, restart), cap in itertools.product(runs, BUCKET_CAPS_MB):
+        name = f"{name} {cap}"
+        model, optimizer = _wrap(None, exact, cap)
         for step, (x, y) in enumerate(batches):
             if restart and step == RESTART_AT:  # what a restore does: a new DDP around the saved state
                 saved = (copy.deepcopy(model.module.state_dict()), copy.deepcopy(optimizer.state_dict()))
-                model, optimizer = _wrap(saved, exact)
+                model, optimizer = _wrap(saved, exact, cap)
             loss = F.cross_entropy(model(x), y)
             optimizer.zero_grad()
             loss.backward()
@@ -60,16 +65,17 @@ def _train(rank: int, port: int, results) -> None:
     dist.destroy_process_group()
 
 
-def test_a_rebuilt_ddp_on_four_ranks_ends_bit_identical_and_still_averages():
+def test_a_ddp_rebuilt_mid_training_on_four_ranks_ends_bit_identical():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     results = mp.Manager().dict()
     mp.spawn(_train, args=(port, results), nprocs=WORLD, join=True)
-    uninterrupted = {results[("uninterrupted", r)][0] for r in range(WORLD)}
-    restarted = {results[("restarted", r)][0] for r in range(WORLD)}
-    assert len(uninterrupted) == 1, "every replica holds the same parameters"
-    assert restarted == uninterrupted
-    # the gradients are really averaged: the same training as DDP's own all-reduce, up to rounding
-    for ours, theirs in zip(results[("uninterrupted", 0)][1], results[("plain", 0)][1]):
-        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-6)
+    for cap in BUCKET_CAPS_MB:
+        uninterrupted = {results[(f"uninterrupted {cap}", r)][0] for r in range(WORLD)}
+        restarted = {results[(f"restarted {cap}", r)][0] for r in range(WORLD)}
+        assert len(uninterrupted) == 1, "every replica holds the same parameters"
+        assert restarted == uninterrupted, f"bucket_cap_mb={cap}"
+        # still DDP's training: the same parameters as with its usual layouts, up to rounding
+        for ours, theirs in zip(results[(f"uninterrupted {cap}", 0)][1], results[(f"plain {cap}", 0)][1]):
+            torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-6)
