@@ -184,9 +184,12 @@ def classify_exit(
         hashes = status.diverged.get("hashes")
         return Outcome.DIVERGED, f"replicas diverged at step {status.diverged.get('step')} (parameter hashes {hashes})"
     if status.preempted is not None:
+        # a backend's evidence of who sent the SIGTERM (Slurm: the time limit's warning)
+        hints = [getattr(e, "reason", "") for e in exits if getattr(e, "outcome", None) == Outcome.PREEMPTED]
+        sender = next((hint for hint in hints if hint), "")
         return Outcome.PREEMPTED, (
             f"preempted (SIGTERM to rank {status.preempted.get('rank')}): emergency checkpoint at step "
-            f"{status.preempted.get('step')} committed"
+            f"{status.preempted.get('step')} committed" + (f"; {sender}" if sender else "")
         )
     causes = rank_failures(exits, status)
     reported = [f for f in causes if f.error is not None]

@@ -5,6 +5,7 @@ nodes (checked after every test by the slurm_env fixture)."""
 from __future__ import annotations
 
 import subprocess
+from datetime import datetime
 
 import pytest
 
@@ -93,3 +94,39 @@ def last_run_jobs(cluster) -> list[dict[str, str]]:
 def hostnames(nodelist: str) -> list[str]:
     return subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
                           check=True, timeout=30).stdout.split()
+
+
+def test_time_limit_warning_preempts_with_an_emergency_checkpoint_and_the_run_resumes(slurm_env, slurm_cluster):
+    # Slurm checks time limits every 30 s, so the warning comes up to 30 s early (the manual says up
+    # to 60): with a 2-minute limit and a 40 s warning it lands 50-80 s into the first attempt (20 s
+    # at worst), which is still training (0.5 s steps: 300 cannot finish in time), and leaves the
+    # emergency checkpoint 40 s; later attempts train at full speed, done well before their warning.
+    # Only the run's own checkpoints (every_steps above the run) are the emergency one and the last.
+    result = run_cli(["run", SPEC, *ON_SLURM,
+                      "--set", "workload.entrypoint=tests/integration/workloads/slow_first_attempt.py",
+                      "--set", "workload.args=[--first-attempt-step-s, '0.5']",
+                      "--set", "workload.steps=300",
+                      "--set", "checkpoint.every_steps=1000",
+                      "--set", "checkpoint.keep_last=100",
+                      "--set", "slurm.time_limit='2'",
+                      "--set", "slurm.warn_before_limit_s=40",
+                      "--json"], slurm_env, timeout_s=400)
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = summary_of(result)
+    assert [a["outcome"] for a in summary["attempts"]] == ["PREEMPTED", "SUCCEEDED"], summary["attempts"]
+    warned, resumed = summary["attempts"]
+    assert "slurm job" in warned["reason"] and "the time limit's warning" in warned["reason"], warned["reason"]
+    assert 0 < warned["last_step"] < 300
+    assert warned["lost_steps"] == 0
+    assert resumed["resumed_from_step"] == warned["last_step"]
+    emergency = [c for c in summary["checkpoints"] if c["step"] == warned["last_step"]]
+    assert emergency and emergency[0]["verified"], summary["checkpoints"]
+    assert summary["status"] == "succeeded" and summary["final_step"] == 300
+    jobs = jobs_of(slurm_cluster, summary["run_id"])
+    print(f"time-limit warning: {warned['reason']}; first job {jobs[0]['StartTime']} to {jobs[0]['EndTime']}, "
+          f"second {jobs[1]['StartTime']} to {jobs[1]['EndTime']}")
+    assert [j["TimeLimit"] for j in jobs] == ["2", "2"], jobs
+    # the first job ended after its save, before the limit: Slurm did not have to time it out
+    assert jobs[0]["JobState"] != "TIMEOUT" and jobs[1]["JobState"] == "COMPLETED", jobs
+    ran = datetime.fromisoformat(jobs[0]["EndTime"]) - datetime.fromisoformat(jobs[0]["StartTime"])
+    assert ran.total_seconds() < 120, jobs

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+from trainflow.backends.base import AttemptHandle
 from trainflow.backends.slurm.batch import batch_script, memory_mb, sbatch_command
 from trainflow.backends.slurm.commands import JobState, parse_key_values, usable
-from trainflow.backends.slurm.launcher import _from_job
-from trainflow.failures import Outcome
+from trainflow.backends.slurm.launcher import SlurmNodeExit, _from_job, _time_limit_warning
+from trainflow.backends.slurm.node_agent import signal_file
+from trainflow.failures import Outcome, classify_exit
 from trainflow.spec import SpecError, parse_spec
+from trainflow.status import AttemptStatus
 
 
 def spec(**slurm):
@@ -81,3 +85,45 @@ def test_without_slurm_s_commands_the_spec_is_refused_before_anything_is_provisi
     with pytest.raises(SpecError, match="resources.backend: slurm needs Slurm's commands on PATH"):
         preflight(spec())
     assert not (tmp_path / "home" / "runs").exists()
+
+
+def time_limit_handle(tmp_path: Path, signal_line: str | None, signalled_at: float | None = None) -> AttemptHandle:
+    if signal_line is not None:
+        signal_file(tmp_path, 0).write_text(signal_line)
+    handle = AttemptHandle(attempt=1, nodes=1, started_at=0.0, logs={})
+    handle.workers = {"job_id": "7", "attempt_dir": tmp_path, "warn_before_limit_s": 10, "signalled_at": signalled_at,
+                      "limit_ends_at": 1000.0, "job": JobState("7", "RUNNING", "None", "n1", time_limit="00:01:00")}
+    return handle
+
+
+def test_a_sigterm_in_the_warning_s_window_before_the_time_limit_is_told_apart(tmp_path):
+    warning = _time_limit_warning(time_limit_handle(tmp_path, "TERM 975.2"), 0)
+    assert warning == "slurm job 7: the time limit's warning, SIGTERM 25s before its 00:01:00 limit (--signal=TERM@10)"
+
+
+@pytest.mark.parametrize("signal_line, signalled_at", [
+    (None, None),  # no signal reached the node
+    ("TERM 975.0", 970.0),  # trainflow's own scancel --signal (a drill)
+    ("INT 975.0", None),
+    ("TERM 500.0", None),  # long before the warning's window: someone else's SIGTERM
+    ("TERM 1003.0", None),  # after the limit: the limit itself, not its warning
+])
+def test_other_signals_are_not_taken_for_the_time_limit_s_warning(tmp_path, signal_line, signalled_at):
+    assert _time_limit_warning(time_limit_handle(tmp_path, signal_line, signalled_at), 0) is None
+
+
+def test_scontrol_s_end_time_is_read_as_a_local_timestamp():
+    from trainflow.backends.slurm.commands import _timestamp
+
+    assert _timestamp("2026-12-01T11:34:05") == datetime(2026, 12, 1, 11, 34, 5).timestamp()
+    assert _timestamp("Unknown") is None and _timestamp("None") is None
+
+
+def test_a_preemption_s_reason_names_the_time_limit_s_warning_slurm_sent():
+    warning = "slurm job 7: the time limit's warning, SIGTERM 25s before its 00:01:00 limit (--signal=TERM@10)"
+    exits = [SlurmNodeExit(0, 1, outcome=Outcome.PREEMPTED, reason=warning), SlurmNodeExit(1, 1)]
+    status = AttemptStatus(attempt=1, preempted={"rank": 0, "step": 56})
+    outcome, reason = classify_exit(exits, status)
+    assert outcome == Outcome.PREEMPTED
+    assert reason == f"preempted (SIGTERM to rank 0): emergency checkpoint at step 56 committed; {warning}"
+    assert classify_exit([SlurmNodeExit(0, 1), SlurmNodeExit(1, 1)], status)[1].endswith("step 56 committed")

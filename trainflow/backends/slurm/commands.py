@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
+from datetime import datetime
 
 NEEDED = ("sbatch", "squeue", "scontrol", "scancel", "srun", "sinfo")
 ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "RESIZING", "REQUEUED",
@@ -41,6 +42,8 @@ class JobState:
     nodelist: str
     exit_code: int | None = None  # the batch script's, once ended
     exit_signal: int | None = None
+    time_limit: str = ""  # as scontrol says: 00:01:00, UNLIMITED
+    end_time: float | None = None  # while running: when the time limit ends it; once ended: when it ended
 
     @property
     def active(self) -> bool:
@@ -82,7 +85,17 @@ def job_state(job_id: str) -> JobState | None:
         nodelist=fields.get("NodeList", ""),
         exit_code=int(code) if ended and code.isdigit() else None,
         exit_signal=int(sig) if ended and sig.isdigit() else None,
+        time_limit=fields.get("TimeLimit", ""),
+        end_time=_timestamp(fields.get("EndTime", "")),
     )
+
+
+def _timestamp(text: str) -> float | None:
+    """A time as scontrol prints it (local time, 2026-12-01T11:34:05), or None (Unknown, None)."""
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
 
 
 def expand_hostlist(nodelist: str) -> list[str]:

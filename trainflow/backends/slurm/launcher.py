@@ -31,7 +31,7 @@ from trainflow.backends.slurm import commands
 from trainflow.backends.slurm.batch import batch_script, job_name, sbatch_command
 from trainflow.backends.slurm.commands import JobState, SlurmError
 from trainflow.backends.slurm.links import ClusterLinks
-from trainflow.backends.slurm.node_agent import LAUNCH_FILE, exit_file
+from trainflow.backends.slurm.node_agent import LAUNCH_FILE, exit_file, read_signal
 from trainflow.backends.worker import worker_config
 from trainflow.failures import Outcome
 from trainflow.spec import SpecError
@@ -40,6 +40,8 @@ from trainflow.worker_config import JOB_ENV
 SCHEDULER_POLL_S = 0.5  # how often poll asks slurmctld; exit files are read on every poll
 PROBE_TIMEOUT_S = 6.0
 GONE_TIMEOUT_S = 120.0  # a job on a node that stopped answering ends once Slurm marks the node DOWN
+# Slurm checks time limits periodically and may send --signal's warning up to 60 s early
+WARNING_EARLY_S = 65.0
 
 # what a job's own end says when no node agent could report (the node or the job was taken away)
 JOB_END_OUTCOMES = {
@@ -75,6 +77,7 @@ class SlurmNodeTask:
         return next(e.returncode for e in self.launcher.poll(self.handle) if e.node == self.node)
 
     def send_signal(self, sig: int) -> None:
+        self.handle.workers["signalled_at"] = time.time()  # by trainflow itself: not the time limit's warning
         commands.slurm("scancel", f"--signal={signal.Signals(sig).name.removeprefix('SIG')}",
                        self.handle.workers["job_id"])
 
@@ -161,7 +164,9 @@ class SlurmLauncher:
         job_id = out.strip().split(";")[0]
         allocation.details["jobs"].append(job_id)
         handle.workers = {"job_id": job_id, "run_id": allocation.run_id, "attempt_dir": attempt_dir, "job": None, "asked_at": 0.0,
-                          "exclude": list(allocation.details["exclude"]), "hosts": allocation.details["hosts"]}
+                          "exclude": list(allocation.details["exclude"]), "hosts": allocation.details["hosts"],
+                          "warn_before_limit_s": spec.slurm.warn_before_limit_s, "signalled_at": None,
+                          "limit_ends_at": None}
         handle.processes = {node: SlurmNodeTask(self, handle, node) for node in range(nodes)}
         return handle
 
@@ -186,6 +191,8 @@ class SlurmLauncher:
                 pass  # the controller is busy; the last answer stands
             view["asked_at"] = time.monotonic()
             job = view["job"]
+            if job is not None and job.active and job.end_time and job.time_limit not in ("", "UNLIMITED"):
+                view["limit_ends_at"] = job.end_time  # once ended, EndTime is when it ended instead
             if job is not None and job.started and not handle.slots:
                 names = commands.expand_hostlist(job.nodelist)
                 view["nodes"] = names
@@ -210,6 +217,8 @@ class SlurmLauncher:
                 code = _read_exit(exit_file(attempt_dir, node))
                 if code is None:
                     code, outcome, reason = _from_job(job)
+            if code is not None and outcome is None and (warning := _time_limit_warning(handle, node)):
+                outcome, reason = Outcome.PREEMPTED, warning
             worker = root_cause_exitcode(handle.logs[node]) if code not in (None, 0) else None
             exits.append(SlurmNodeExit(node, code, worker_returncode=worker, outcome=outcome, reason=reason))
         if job is None and all(e.running for e in exits) and time.time() - handle.started_at > 5:
@@ -324,6 +333,23 @@ def _read_exit(path: Path) -> int | None:
         return int(path.read_text().strip())
     except (OSError, ValueError):
         return None
+
+
+def _time_limit_warning(handle: AttemptHandle, node: int) -> str | None:
+    """Slurm's evidence that a node's SIGTERM was the time limit's warning (--signal=TERM@N): the
+    spec asked for one, trainflow sent no signal itself, and it came within the warning's window
+    before the limit Slurm set for the job."""
+    view = handle.workers
+    received = read_signal(view["attempt_dir"], node)
+    warn, ends_at = view.get("warn_before_limit_s"), view.get("limit_ends_at")
+    if received is None or received[0] != "TERM" or not warn or ends_at is None or view.get("signalled_at"):
+        return None
+    before = ends_at - received[1]
+    if not 0 <= before <= warn + WARNING_EARLY_S:
+        return None
+    limit = view["job"].time_limit if view.get("job") else "?"
+    return (f"slurm job {view['job_id']}: the time limit's warning, SIGTERM {before:.0f}s before its "
+            f"{limit} limit (--signal=TERM@{warn})")
 
 
 def _from_job(job: JobState | None) -> tuple[int, Outcome | None, str]:

@@ -2,7 +2,8 @@
 
 Slurm tells the orchestrator how the job ended, not how each node did; this file does. Signals from
 Slurm (a preemption's SIGTERM, the time limit's warning) reach every process of the step, so the
-agent only notes them and keeps waiting for torchrun, which ends its workers itself.
+agent only notes the first one and when it came (the orchestrator tells the time limit's warning
+from other signals by it) and keeps waiting for torchrun, which ends its workers itself.
 
     python -m trainflow.backends.slurm.node_agent ATTEMPT_DIR
 """
@@ -14,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from trainflow.worker_config import CONFIG_ENV
@@ -24,6 +26,19 @@ RDZV_ENV = "TRAINFLOW_RDZV_ENDPOINT"
 
 def exit_file(attempt_dir: Path, node: int) -> Path:
     return attempt_dir / f"node-{node}.exit"
+
+
+def signal_file(attempt_dir: Path, node: int) -> Path:
+    """The first signal Slurm sent this node's step, and when: `TERM 1764588000.25`."""
+    return attempt_dir / f"node-{node}.signal"
+
+
+def read_signal(attempt_dir: Path, node: int) -> tuple[str, float] | None:
+    try:
+        name, at = signal_file(attempt_dir, node).read_text().split()
+        return name, float(at)
+    except (OSError, ValueError):
+        return None
 
 
 def torchrun_command(launch: dict, node: int, endpoint: str, attempt_dir: Path) -> list[str]:
@@ -46,8 +61,14 @@ def main(attempt_dir: Path) -> int:
     node = int(os.environ["SLURM_NODEID"])
     launch = json.loads((attempt_dir / LAUNCH_FILE).read_text())
     env = {**os.environ, CONFIG_ENV: str(attempt_dir / f"node-{node}.json")}
+    noted = signal_file(attempt_dir, node)
+
+    def note(number: int, _frame) -> None:
+        if not noted.exists():
+            noted.write_text(f"{signal.Signals(number).name.removeprefix('SIG')} {time.time()}")
+
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, lambda *_: None)
+        signal.signal(sig, note)
     proc = subprocess.Popen(torchrun_command(launch, node, os.environ[RDZV_ENV], attempt_dir), env=env)
     while True:
         try:
