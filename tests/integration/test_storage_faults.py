@@ -94,7 +94,9 @@ def test_a_checkpoint_folder_turning_read_only_is_infra_and_the_run_ends_with_it
     result = run_with_fault(cli_env, tmp_path, tmpfs, "read-only")
     summary = summary_of(result)  # the JSON summary, not a traceback
     assert result.returncode == 1, result.stderr[-4000:]
-    assert "Traceback" not in result.stderr
+    # the orchestrator's own output has no traceback; the failing rank's last stderr lines (its
+    # StorageError, with the worker's own traceback) are quoted on purpose, prefixed by torch with [rankN]
+    assert not [line for line in result.stderr.splitlines() if line.startswith("Traceback")]
     assert summary["status"] == "failed"
     assert {a["outcome"] for a in summary["attempts"]} == {"INFRA"}
     assert "Read-only file system" in summary["reason"]
