@@ -125,8 +125,6 @@ def run_folders(home: Path) -> list[Path]:
     return list((home / "runs").glob("*")) if (home / "runs").exists() else []
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-
 def ended(proc: psutil.Process) -> bool:
     """Exited: gone, or a zombie its new parent has not reaped yet (its parent died first)."""
     try:
@@ -134,6 +132,8 @@ def ended(proc: psutil.Process) -> bool:
     except psutil.NoSuchProcess:
         return True
 
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_to_the_process_group_ends_the_run_cleanly_with_an_emergency_checkpoint(
         home, prefect_home, tmp_path, signum):
     marker = tmp_path / "training"
