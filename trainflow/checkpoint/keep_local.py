@@ -13,7 +13,7 @@ TIER_FOLDER = "checkpoints"  # <node scratch>/checkpoints is each node's tier (t
 
 
 def newer_local_checkpoints(scratch: Path, run_id: str, durable_step: int | None) -> list[Path]:
-    """Every node's folder of the newest committed local checkpoint of the run, if its step is past
+    """Every node's newest committed local checkpoint folder of the run, if its step is past
     `durable_step` (None: nothing is known to be durable)."""
     committed = {
         node: LocalTier(node / TIER_FOLDER).committed(run_id)
@@ -22,7 +22,8 @@ def newer_local_checkpoints(scratch: Path, run_id: str, durable_step: int | None
     newest = max((held[-1].step for held in committed.values() if held), default=None)
     if newest is None or (durable_step is not None and newest <= durable_step):
         return []
-    return [node / TIER_FOLDER / h.prefix for node, held in committed.items() for h in held if h.step == newest]
+    # a step saved again by a later attempt: its newest save is the one to keep
+    return [node / TIER_FOLDER / held[-1].prefix for node, held in committed.items() if held and held[-1].step == newest]
 
 
 def keep_newer_local_checkpoints(scratch: Path, run_id: str, durable_step: int | None, destination: Path) -> list[str]:
