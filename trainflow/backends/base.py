@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -84,6 +85,14 @@ class ReleaseReport:
     @property
     def clean(self) -> bool:
         return not self.survivors
+
+    def remove_folder(self, path: Path) -> None:
+        """Delete a folder the allocation owned; one that stays is a survivor."""
+        if path.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            self.removed_paths.append(str(path))
+        if path.exists():
+            self.survivors.append(f"{path} could not be removed")
 
     def as_dict(self) -> dict:
         return {

@@ -244,11 +244,7 @@ class LocalLauncher:
                 report.survivors.append(f"port {port} ({name}) still listening")
             else:
                 report.released_ports.append(port)
-        if allocation.scratch.exists():
-            shutil.rmtree(allocation.scratch, ignore_errors=True)
-            report.removed_paths.append(str(allocation.scratch))
-        if allocation.scratch.exists():
-            report.survivors.append(f"{allocation.scratch} could not be removed")
+        report.remove_folder(allocation.scratch)
         return report
 
     @staticmethod

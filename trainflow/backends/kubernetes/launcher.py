@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -342,11 +341,7 @@ class KubernetesLauncher:
         for name in allocation.details.get("config_secrets", []):
             if self._get_quietly(WORKER_CONFIG_SECRET, namespace, name, report) is not None:
                 report.survivors.append(f"Secret/{name} still in namespace {namespace}")
-        if allocation.scratch.exists():
-            shutil.rmtree(allocation.scratch, ignore_errors=True)
-            report.removed_paths.append(str(allocation.scratch))
-        if allocation.scratch.exists():
-            report.survivors.append(f"{allocation.scratch} could not be removed")
+        report.remove_folder(allocation.scratch)
         return report
 
     def _wait_gone(self, kinds, namespace: str, selector: str, timeout_s: float, report=None) -> list[str]:

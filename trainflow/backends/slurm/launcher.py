@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -320,11 +319,7 @@ class SlurmLauncher:
         while (left := job_processes(allocation.run_id)) and time.monotonic() < deadline:
             time.sleep(0.2)
         report.survivors += [describe(p) for p in left]
-        if allocation.scratch.exists():
-            shutil.rmtree(allocation.scratch, ignore_errors=True)
-            report.removed_paths.append(str(allocation.scratch))
-        if allocation.scratch.exists():
-            report.survivors.append(f"{allocation.scratch} could not be removed")
+        report.remove_folder(allocation.scratch)
         return report
 
 
