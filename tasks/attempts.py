@@ -8,6 +8,7 @@ from prefect import get_run_logger
 from tasks import lifecycle_task
 from tasks.records import Provisioned, RunRecord
 from trainflow.backends import AttemptHandle
+from trainflow.backends.abilities import ReplacesNodes
 from trainflow.failures import AttemptResult, Decision, decide
 from trainflow.spec import RunSpec
 
@@ -88,8 +89,8 @@ def recover_nodes(spec: RunSpec, provisioned: Provisioned, handle: AttemptHandle
         return spec
     logger = get_run_logger()
     slot = handle.slots[node] if handle.slots else node
-    replace = getattr(provisioned.launcher, "replace_node", None)
-    if replace is not None and replace(provisioned.allocation, slot):
+    launcher = provisioned.launcher
+    if isinstance(launcher, ReplacesNodes) and launcher.replace_node(provisioned.allocation, slot):
         logger.info("node %d replaced for the next attempt", node)
         return spec
     minimum = spec.resources.min_nodes or spec.resources.nodes

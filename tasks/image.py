@@ -8,6 +8,7 @@ from prefect import get_run_logger
 
 from tasks import lifecycle_task
 from tasks.records import Provisioned, RunRecord
+from trainflow.backends.abilities import BuildsImage
 from trainflow.environment import Environment, fingerprint_environment, workload_repo
 from trainflow.spec import RunSpec
 from trainflow.topology import describe_topology
@@ -17,9 +18,8 @@ from trainflow.topology import describe_topology
 def prepare_image(spec: RunSpec, record: RunRecord, provisioned: Provisioned) -> Environment:
     """Refuse to launch in an environment that does not satisfy the lock; record the fingerprint."""
     environment = fingerprint_environment()
-    build = getattr(provisioned.launcher, "prepare_image", None)  # backends that run a container image
-    if build is not None:
-        image = build(spec, provisioned.allocation)
+    if isinstance(provisioned.launcher, BuildsImage):
+        image = provisioned.launcher.prepare_image(spec, provisioned.allocation)
         provisioned.tracker.set_tags(record.mlflow_run_id, {f"image_{k}": v for k, v in image.items() if v})
     provisioned.tracker.set_tags(
         record.mlflow_run_id,

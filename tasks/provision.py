@@ -7,6 +7,7 @@ from prefect import get_run_logger
 from tasks import lifecycle_task
 from tasks.records import Provisioned, RunRecord
 from trainflow.backends import launcher_for
+from trainflow.backends.abilities import BindsStatusElsewhere
 from trainflow.home import runs_root
 from trainflow.orphans import reap_stale_runs, write_marker
 from trainflow.spec import RunSpec
@@ -27,7 +28,7 @@ def provision(spec: RunSpec, record: RunRecord) -> Provisioned:
     write_marker(allocation.scratch, record.run_id, record.mlflow_run_id, record.tracking_uri,
                  network.record() if network is not None else None)
     # bind where the backend says (0.0.0.0 for pods), advertise the address workers can reach
-    bind_host = getattr(launcher, "status_bind_host", allocation.status_host)
+    bind_host = launcher.status_bind_host if isinstance(launcher, BindsStatusElsewhere) else allocation.status_host
     channel = StatusServer(host=bind_host, advertise_host=allocation.status_host)
     logger.info(
         "provisioned %d %s node(s) x %d process(es); status channel on %s",

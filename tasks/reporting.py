@@ -19,7 +19,7 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.events import emit_event
 
 from tasks.records import CheckpointRecord, RunRecord
-from trainflow.automation import (
+from tasks.automation import (
     ATTEMPT_FAILED, ATTEMPT_RECOVERED, CHECKPOINT_COMMITTED, RESOURCE_PREFIX, RUN_FAILED, RUN_SUCCEEDED,
 )
 from trainflow.failures import AttemptResult, Decision, Outcome

@@ -229,7 +229,7 @@ def automation_install(
     as_json: Annotated[bool, typer.Option("--json", help="End with one JSON line: what was installed.")] = False,
 ) -> None:
     """Notify on every failed attempt and failed run, through a webhook or a notification block."""
-    from trainflow.automation import AutomationError, install
+    from tasks.automation import AutomationError, install
 
     try:
         installed = install(name=name, webhook_url=webhook_url, block=block)
@@ -256,17 +256,18 @@ def render(
         spec = load_spec(spec_path, overrides or [])
     except SpecError as exc:
         fail_input(str(exc))
-    if spec.resources.backend.value != "kubernetes":
+    from trainflow.backends import launcher_for
+    from trainflow.backends.abilities import RenderError, RendersManifests
+
+    launcher = launcher_for(spec)
+    if not isinstance(launcher, RendersManifests):
         fail_input(
-            f"{spec_path}: resources.backend is {spec.resources.backend.value}; render writes Kubernetes manifests "
+            f"{spec_path}: resources.backend is {spec.resources.backend.value}, which has nothing to render "
             "(add --set resources.backend=kubernetes)"
         )
-    from trainflow.backends.kubernetes.image import ImageError
-    from trainflow.backends.kubernetes.render import render_attempt
-
     try:
-        written = render_attempt(spec, out, run_id=run_id, attempt=attempt)
-    except ImageError as exc:
+        written = launcher.render(spec, out, run_id, attempt)
+    except RenderError as exc:
         fail_input(str(exc))
     for path in written:
         typer.echo(str(path))

@@ -6,10 +6,10 @@ import os
 from pathlib import Path
 
 from trainflow.backends import launcher_for
-from trainflow.capacity import local_capacity_problem
+from trainflow.backends.abilities import ChecksSpec
 from trainflow.checkpoint.storage import StorageError, open_storage
 from trainflow.home import resolve_checkpoint_uri
-from trainflow.spec import Backend, RunSpec, SpecError
+from trainflow.spec import RunSpec, SpecError
 
 
 def preflight(spec: RunSpec) -> None:
@@ -25,16 +25,11 @@ def preflight(spec: RunSpec) -> None:
     tracking = spec.tracking.uri
     if tracking and not tracking.startswith(("sqlite:///", "http://", "https://", "databricks", "postgresql", "mysql")):
         raise SpecError(f"tracking.uri: {tracking!r} is not a supported MLflow store (sqlite:///..., http(s)://...)")
-    # a remote backend's nodes are other machines: this one's size says nothing about them
-    if spec.resources.backend == Backend.local:
-        problem = local_capacity_problem(spec.resources)
-        if problem:
-            raise SpecError(problem)
+    launcher = launcher_for(spec)
+    if isinstance(launcher, ChecksSpec):
+        launcher.preflight(spec)
     # last: checking a local checkpoint folder creates it
     try:
         open_storage(resolve_checkpoint_uri(spec.checkpoint.uri)).check()
     except StorageError as exc:
         raise SpecError(f"checkpoint.uri: {exc}") from None
-    backend_check = getattr(launcher_for(spec), "preflight", None)  # a backend's own checks, if it has any
-    if backend_check is not None:
-        backend_check(spec)

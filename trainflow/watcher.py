@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainflow.backends import AttemptHandle, Launcher
+from trainflow.backends.abilities import DumpsStacks, ProbesNodes
 from trainflow.failures import AttemptResult, Outcome, classify_exit, rank_failures
 from trainflow.status import AttemptStatus, StatusServer
 from trainflow.step_metrics import MetricRows, StepMetricWindow
@@ -205,13 +206,12 @@ class AttemptWatcher:
         return result
 
     def _probe(self, node: int) -> str:
-        probe = getattr(self.launcher, "probe", None)
-        return probe(self.handle, node) if probe else "unknown"
+        return self.launcher.probe(self.handle, node) if isinstance(self.launcher, ProbesNodes) else "unknown"
 
     def _stacks(self, status: AttemptStatus) -> dict[int, str]:
-        dump = getattr(self.launcher, "dump_stacks", None)
-        pids = {r.rank: r.pid for r in status.ranks.values() if r.pid}
-        return dump(self.handle, pids) if dump else {}
+        if not isinstance(self.launcher, DumpsStacks):
+            return {}
+        return self.launcher.dump_stacks(self.handle, {r.rank: r.pid for r in status.ranks.values() if r.pid})
 
     def _watch_stragglers(self, status: AttemptStatus) -> None:
         """A rank whose mean compute time (step time minus waiting in all-reduce) stays above the

@@ -5,6 +5,7 @@ A backend is chosen by `resources.backend` and registered once; flows and tasks 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, Launcher, NodeExit, ReleaseReport
@@ -16,6 +17,12 @@ __all__ = [
 ]
 
 _REGISTRY: dict[str, Callable[[], Launcher]] = {}
+# the only place that names the built-in backends' modules: each is imported when first chosen
+_MODULES = {
+    "local": "trainflow.backends.local",
+    "kubernetes": "trainflow.backends.kubernetes",
+    "slurm": "trainflow.backends.slurm.launcher",
+}
 
 
 def register(name: str) -> Callable:
@@ -28,12 +35,8 @@ def register(name: str) -> Callable:
 
 def launcher_for(spec: RunSpec) -> Launcher:
     name = spec.resources.backend.value
-    if name == "local":
-        import trainflow.backends.local  # noqa: F401  (registers itself)
-    if name == "kubernetes":
-        import trainflow.backends.kubernetes  # noqa: F401  (registers itself)
-    if name == "slurm":
-        import trainflow.backends.slurm.launcher  # noqa: F401  (registers itself)
+    if name in _MODULES and name not in _REGISTRY:
+        importlib.import_module(_MODULES[name])  # the module registers its launcher
     if name not in _REGISTRY:
         raise ValueError(f"resources.backend: {name!r} is not available in this installation")
     return _REGISTRY[name]()

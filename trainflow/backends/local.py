@@ -30,6 +30,7 @@ from trainflow.backends.torchrun_report import failed_ranks, stderr_tail
 from trainflow.backends.worker import secret_environment, worker_config
 from trainflow.capacity import local_capacity_problem
 from trainflow.private_files import open_private, private_folder
+from trainflow.spec import RunSpec, SpecError
 from trainflow.worker_config import CONFIG_ENV, JOB_ENV
 
 LOOPBACK = "127.0.0.1"
@@ -71,6 +72,12 @@ class ProvisionError(RuntimeError):
 class LocalLauncher:
     name = "local"
     shares_scratch = True  # the orchestrator can reach every node's scratch (drills open their fault gate there)
+
+    def preflight(self, spec: RunSpec) -> None:
+        """This machine must hold the job: the nodes are this machine's processes."""
+        problem = local_capacity_problem(spec.resources)
+        if problem:
+            raise SpecError(problem)
 
     def provision(self, spec, run_id: str, scratch: Path) -> Allocation:
         self._check_capacity(spec)

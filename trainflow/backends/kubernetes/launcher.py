@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainflow.backends import register
+from trainflow.backends.abilities import RenderError
 from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, NodeExit, ReleaseReport
 from trainflow.backends.kubernetes.classify import PodExit, node_index
 from trainflow.backends.kubernetes.cluster import Cluster, ClusterError, KubeCluster
@@ -180,6 +181,17 @@ class KubernetesLauncher:
                 f"kubernetes.kueue_queue: {k8s.kueue_queue!r} needs Kueue ({KUEUE_API[0]}), which this cluster "
                 "does not serve; install Kueue or remove kueue_queue"
             )
+
+    # render ---------------------------------------------------------------------------------
+
+    def render(self, spec: RunSpec, out_dir: Path, run_id: str | None, attempt: int) -> list[Path]:
+        """The attempt's manifests as YAML files, without a cluster."""
+        from trainflow.backends.kubernetes.render import render_attempt
+
+        try:
+            return render_attempt(spec, out_dir, run_id=run_id, attempt=attempt)
+        except ImageError as exc:
+            raise RenderError(str(exc)) from exc
 
     # image ----------------------------------------------------------------------------------
 

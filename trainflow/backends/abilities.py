@@ -1,0 +1,62 @@
+"""What a backend may do beyond the Launcher protocol; callers test for an ability, never for a name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from trainflow.backends.base import Allocation, AttemptHandle
+from trainflow.spec import RunSpec
+
+
+class RenderError(ValueError):
+    """The backend cannot render this spec (for example, its image cannot be resolved)."""
+
+
+@runtime_checkable
+class ChecksSpec(Protocol):
+    """Has checks of its own before anything is provisioned; raises SpecError naming the field."""
+
+    def preflight(self, spec: RunSpec) -> None: ...
+
+
+@runtime_checkable
+class BuildsImage(Protocol):
+    """Runs a container image, which must exist (or be built) before the first launch."""
+
+    def prepare_image(self, spec: RunSpec, allocation: Allocation) -> dict: ...
+
+
+@runtime_checkable
+class ReplacesNodes(Protocol):
+    """Can bring a lost node's slot back (a new pod, a new Slurm node) for the next attempt."""
+
+    def replace_node(self, allocation: Allocation, slot: int) -> bool: ...
+
+
+@runtime_checkable
+class ProbesNodes(Protocol):
+    """Can say whether a silent node is still reachable: 'reachable', 'unreachable' or 'unknown'."""
+
+    def probe(self, handle: AttemptHandle, node: int) -> str: ...
+
+
+@runtime_checkable
+class DumpsStacks(Protocol):
+    """Can read the Python stacks of a hung attempt's ranks."""
+
+    def dump_stacks(self, handle: AttemptHandle, pids_by_rank: dict[int, int]) -> dict[int, str]: ...
+
+
+@runtime_checkable
+class BindsStatusElsewhere(Protocol):
+    """Workers reach the status channel from outside this host, so it binds to this address."""
+
+    status_bind_host: str
+
+
+@runtime_checkable
+class RendersManifests(Protocol):
+    """Can write an attempt's objects as files for review (`trainflow render`)."""
+
+    def render(self, spec: RunSpec, out_dir: Path, run_id: str | None, attempt: int) -> list[Path]: ...
