@@ -127,5 +127,5 @@ def test_dockerfile_builds_from_the_lock_and_the_context_the_tag_hashes():
 
 def test_readme_says_ci_validates_manifests_but_runs_no_cluster():
     readme = (ROOT / "README.md").read_text()
-    section = " ".join(readme[readme.index("## Kubernetes"):readme.index("## Layout")].split())
+    section = " ".join(readme[readme.index("## Backends"):readme.index("## Layout")].split())
     assert "CI validates" in section and "does not run a cluster" in section
