@@ -20,7 +20,7 @@ import socket
 import socketserver
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from trainflow.status_limits import ChannelLimits, LineReader, LineTooLong, PendingConnections
@@ -83,6 +83,7 @@ class StatusServer:
         self._lock = threading.Lock()
         self._attempt = AttemptStatus(attempt=0)
         self._connections: set[socket.socket] = set()
+        self._open: Counter[tuple[int, int]] = Counter()  # (attempt, node) -> bound connections not yet at their end
         self._pending = PendingConnections(limits)
         server = self
 
@@ -133,6 +134,12 @@ class StatusServer:
                 diverged=current.diverged,
             )
 
+    def open_connections(self, nodes) -> int:
+        """How many of the current attempt's connections from these nodes are still being read: a
+        worker's last messages are applied only once its connection reached its end."""
+        with self._lock:
+            return sum(self._open[(self._attempt.attempt, node)] for node in nodes)
+
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
@@ -154,7 +161,14 @@ class StatusServer:
             identity = self._hello(conn, peer, lines)
             if identity is not None:
                 conn.settimeout(None)  # a worker may stay quiet; it is known now
-                self._listen(identity, peer, lines)
+                key = (identity.attempt, identity.node)
+                with self._lock:
+                    self._open[key] += 1
+                try:
+                    self._listen(identity, peer, lines)
+                finally:
+                    with self._lock:
+                        self._open[key] -= 1
         except OSError:
             pass  # the peer went away, or the server is closing
         finally:

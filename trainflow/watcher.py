@@ -37,6 +37,9 @@ STRAGGLER_REPORT_S = 5.0
 # after a worker dies its agent stops the node's other workers and exits with its failure report,
 # within a second or two; on a loaded machine it can take much longer, and nothing is decided before
 AGENT_EXIT_WAIT_S = 60.0
+# an exited process's sockets are closed by its kernel; one that stays open belongs to a node whose
+# network went with it, and is not waited for longer than this
+CHANNEL_DRAIN_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,12 @@ class AttemptWatcher:
         while any(e.workers_lost for e in exits) and time.monotonic() < deadline:
             time.sleep(0.05)
             exits = self.launcher.poll(self.handle)
+        # an exited worker's last reports (its steps, its error) may still be in its socket: decide
+        # once the channel has read every exited node's connections to their end
+        exited = [e.node for e in exits if not e.running]
+        deadline = time.monotonic() + CHANNEL_DRAIN_WAIT_S
+        while self.channel.open_connections(exited) and time.monotonic() < deadline:
+            time.sleep(0.05)
         self._pump()
         status = self.channel.snapshot()
         outcome, reason = classify_exit(exits, status, self.world_size, plain=self.plain)

@@ -168,3 +168,21 @@ def test_finished_of_an_earlier_attempt_does_not_count(server, connect, caplog):
     wait_for_log(caplog, "claims another attempt", count=2)  # so every line before those was read
     snapshot = server.snapshot()
     assert snapshot.finished is None and snapshot.finished_ranks == {}
+
+
+def test_a_closed_connection_is_counted_only_once_everything_it_sent_is_applied(server):
+    """What the watcher waits on before it decides an exit: an exited worker's last reports count."""
+    server.begin_attempt(1, world_size=2)
+    first = Connection(server, rank=0)
+    wait_for(server, lambda s: 0 in s.ranks)
+    assert server.open_connections([0]) == 1 and server.open_connections([1]) == 0
+    for step in range(1, 200):
+        first.progress(step)
+    first.send("error", type="RuntimeError", message="boom")
+    first.close()
+    deadline = time.monotonic() + 10
+    while server.open_connections([0]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    snapshot = server.snapshot()  # no waiting on the step itself: the count alone says it is in
+    assert server.open_connections([0]) == 0
+    assert snapshot.ranks[0].step == 199 and snapshot.errors[0]["message"] == "boom"
