@@ -95,6 +95,8 @@ class AttemptWatcher:
                 self._pump()
                 verdict = self._check()
                 if verdict is not None:
+                    self._pump()  # steps reported while it was judged count in its totals, as in MLflow
+                    verdict.totals = dict(self.totals)
                     return verdict
                 time.sleep(poll_s)
         finally:

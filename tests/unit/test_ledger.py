@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shlex
+import subprocess
+
 import pytest
 
 from trainflow.contracts import AttemptResult, Outcome, RunSummary, run_ledger
@@ -127,7 +131,10 @@ def test_the_json_contract_keeps_every_key_it_had():
         RunSummary.model_validate({**printed, "surprise": 1})
 
 
-def test_closing_lines_print_commands_that_work():
+def test_closing_lines_print_commands_that_work(monkeypatch):
+    # as a person would type them, without the venv activated: PATH without the venv's bin
+    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if ".venv" not in p)
+    monkeypatch.setenv("PATH", path)
     summary = summary_of(crash_then_success()).as_json_dict()
     summary["tracking_uri"] = "sqlite:////tmp/my home/mlflow.db"
     lines = closing_lines(summary, "http://127.0.0.1:4200")
@@ -135,7 +142,8 @@ def test_closing_lines_print_commands_that_work():
     command = mlflow.removeprefix("  MLflow: ").split("  (run")[0]
     assert command.endswith("ui --backend-store-uri 'sqlite:////tmp/my home/mlflow.db'")  # quoted for the shell
     program = command.split(" ui ")[0]
-    assert program == "mlflow" or program.endswith("/mlflow") or program.endswith(" -m mlflow")
+    ran = subprocess.run([*shlex.split(program), "ui", "--help"], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0 and "--backend-store-uri" in ran.stdout, ran.stderr[-2000:]
     assert "  Prefect: http://127.0.0.1:4200/runs/flow-run/0-1-2" in lines
     assert "  goodput 66.7%" in lines
     [temporary] = [line for line in closing_lines(summary, None) if line.startswith("  Prefect: ")]
