@@ -154,3 +154,22 @@ def test_closing_lines_never_show_tracking_credentials():
     summary = summary_of(crash_then_success(), tracking_uri="https://bob:s3cret@mlflow.example:8443").as_json_dict()
     text = "\n".join(closing_lines(summary, None))
     assert "s3cret" not in text and "https://mlflow.example:8443" in text
+
+
+def test_the_contracts_are_a_leaf():
+    """trainflow.contracts imports nothing else of trainflow, so every part can depend on it."""
+    import ast
+    from pathlib import Path
+
+    import trainflow.contracts
+
+    folder = Path(trainflow.contracts.__file__).parent
+    imported = set()
+    for source in folder.glob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+            elif isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+    ours = {name for name in imported if name.split(".")[0] == "trainflow"}
+    assert ours and all(name.startswith("trainflow.contracts") for name in ours), ours
