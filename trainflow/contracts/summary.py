@@ -48,5 +48,6 @@ class RunSummary(BaseModel):
     original_params_sha256: str | None = None
 
     def as_json_dict(self) -> dict[str, Any]:
-        """The `--json` object: the fields that were set, JSON-typed (outcomes as their names)."""
-        return self.model_dump(mode="json", exclude_unset=True)
+        """The `--json` object: the fields that were set, JSON-typed (outcomes as their names; a
+        value JSON has no type for, in a backend's teardown report, as its text)."""
+        return self.model_dump(mode="json", exclude_unset=True, fallback=str)
