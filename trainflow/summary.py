@@ -28,15 +28,16 @@ def public_uri(uri: str) -> str:
 
 
 def mlflow_command() -> str:
-    """How to start MLflow from this environment: `mlflow` on PATH, else the one beside this
-    interpreter (a venv that is not activated), else the interpreter's module."""
-    found = shutil.which("mlflow")
-    if found:
-        return "mlflow"
+    """How to start this environment's MLflow (the one that wrote the store): `mlflow` when that
+    is what PATH finds, else its path beside this interpreter (a venv that is not activated), else
+    the interpreter's module."""
     beside = Path(sys.executable).parent / "mlflow"
-    if beside.exists():
-        return shlex.quote(str(beside))
-    return f"{shlex.quote(sys.executable)} -m mlflow"
+    if not beside.exists():
+        return f"{shlex.quote(sys.executable)} -m mlflow"
+    found = shutil.which("mlflow")
+    if found and Path(found).resolve() == beside.resolve():
+        return "mlflow"
+    return shlex.quote(str(beside))
 
 
 def mlflow_ui_command(tracking_uri: str) -> str:
