@@ -8,12 +8,13 @@ from tasks import lifecycle_task
 from tasks.records import CheckpointRecord, Provisioned, RunRecord
 from trainflow.checkpoint.catalog import list_committed, missing_or_resized
 from trainflow.checkpoint.storage import StorageError, open_storage
-from trainflow.failures import AttemptResult, Decision
-from trainflow.diagnosis import cost_figures, diagnose
+from trainflow.contracts import AttemptResult, RunSummary, run_ledger
+from trainflow.diagnosis import diagnose
+from trainflow.failures import Decision
 from trainflow.home import resolve_checkpoint_uri
 from trainflow.plots import log_run_plots
 from trainflow.spec import RunSpec
-from trainflow.summary import attempt_rows, goodput, run_status
+from trainflow.summary import run_status
 from trainflow.workload_mode import features_off
 
 
@@ -51,51 +52,53 @@ def finalize(
         get_run_logger().warning("checkpoint index from the snapshots only: %s", exc)
         checkpoints = [{"step": c.step, "uri": c.uri, "verified": c.verified, "bytes": c.bytes}
                        for c in snapshots if c.verified]
-    summary = {
-        "status": status,
-        "reason": decision.reason,
-        "run_id": record.run_id,
-        "mlflow_run_id": record.mlflow_run_id,
-        "tracking_uri": record.tracking_uri,
-        "experiment": record.experiment,
-        "prefect_flow_run_id": record.prefect_flow_run_id,
-        "final_step": last.last_step,
-        "total_steps": spec.workload.steps,
-        "final_loss": finished.get("loss"),
-        "params_sha256": finished.get("params_sha256"),
-        "checkpoints": [{k: c.get(k) for k in ("step", "uri", "verified", "committed_at")} for c in checkpoints],
-        "snapshots_failed": [s.step for s in snapshots if not s.verified],
-        "attempts": attempt_rows(results),
-        "stragglers": [s for r in results for s in r.evidence.get("stragglers", [])],
-        "goodput": goodput(results),
-        "features_off": features_off(spec),  # workload.mode plain: what needs trainflow.runtime
-    }
+    ledger = run_ledger(results, spec.world_size)
+    stragglers = [s for r in results for s in r.evidence.get("stragglers", [])]
+    summary = RunSummary(
+        status=status,
+        reason=decision.reason,
+        run_id=record.run_id,
+        mlflow_run_id=record.mlflow_run_id,
+        tracking_uri=record.tracking_uri,
+        experiment=record.experiment,
+        prefect_flow_run_id=record.prefect_flow_run_id,
+        final_step=last.last_step,
+        total_steps=spec.workload.steps,
+        final_loss=finished.get("loss"),
+        params_sha256=finished.get("params_sha256"),
+        checkpoints=[{k: c.get(k) for k in ("step", "uri", "verified", "committed_at")} for c in checkpoints],
+        snapshots_failed=[s.step for s in snapshots if not s.verified],
+        attempts=ledger.attempts,
+        stragglers=stragglers,
+        goodput=ledger.figures.goodput,
+        features_off=features_off(spec),  # workload.mode plain: what needs trainflow.runtime
+        costs=ledger.figures,
+        diagnosis=diagnose(ledger.figures, stragglers),
+        plots=[],
+    )
     tracker, run = provisioned.tracker, record.mlflow_run_id
-    tracker.set_tags(run, {"status": status, "reason": decision.reason[:5000], "params_sha256": summary["params_sha256"]})
-    figures = {"attempts": len(results), "final_step": summary["final_step"], "goodput": summary["goodput"]}
-    if summary["final_loss"] is not None:
-        figures["final_loss"] = summary["final_loss"]
-    tracker.log_metrics(run, [(k, v, summary["final_step"], last.ended_at) for k, v in figures.items() if v is not None])
+    tracker.set_tags(run, {"status": status, "reason": decision.reason[:5000], "params_sha256": summary.params_sha256})
+    # the ledger's figures are the run's metrics, at its final step, as the summary has them
+    figures = {"attempts": len(results), "final_step": summary.final_step, **ledger.figures.model_dump()}
+    if summary.final_loss is not None:
+        figures["final_loss"] = summary.final_loss
+    tracker.log_metrics(run, [(k, v, summary.final_step, last.ended_at) for k, v in figures.items()])
     tracker.log_json(run, checkpoints, "checkpoints/index.json")
-    costs = cost_figures(results, spec.world_size, sum(row["lost_steps"] for row in summary["attempts"]))
-    summary["costs"] = costs
-    summary["diagnosis"] = diagnose(costs, summary["stragglers"])
-    tracker.log_metrics(run, [(k, v, summary["final_step"], last.ended_at) for k, v in costs.items()])
     # what an attempt cost is known once the next one has started: record it on each nested run
     children = tracker.child_runs(run)
-    for row in summary["attempts"]:
-        figures = [(key, row[key], row["attempt"], row["ended_at"]) for key in ("recovery_s", "lost_steps")
-                   if row[key] is not None]
-        if str(row["attempt"]) in children and figures:
-            tracker.log_metrics(children[str(row["attempt"])], figures)
-    tracker.log_text(run, "\n".join(f"- {finding}" for finding in summary["diagnosis"]) or "- nothing to report",
+    for row in ledger.attempts:
+        rows = [(key, getattr(row, key), row.attempt, row.ended_at) for key in ("recovery_s", "lost_steps")
+                if getattr(row, key) is not None]
+        if str(row.attempt) in children and rows:
+            tracker.log_metrics(children[str(row.attempt)], rows)
+    tracker.log_text(run, "\n".join(f"- {finding}" for finding in summary.diagnosis) or "- nothing to report",
                      "diagnosis.md")
     try:
-        summary["plots"] = log_run_plots(tracker, run, summary)  # plots/timeline.png, plots/goodput.png
+        summary.plots = log_run_plots(tracker, run, summary)  # plots/timeline.png, plots/goodput.png
     except Exception as exc:  # noqa: BLE001 - pictures are for people, never worth a failed run
         get_run_logger().warning("run pictures not rendered: %s: %s", type(exc).__name__, exc)
-        summary["plots"] = []
-    tracker.log_json(run, summary, "summary.json")
+    result = summary.as_json_dict()
+    tracker.log_json(run, result, "summary.json")
     tracker.end_run(run, "FINISHED" if status == "succeeded" else "FAILED")
-    get_run_logger().info("run %s %s at step %d: %s", record.run_id, status, summary["final_step"], decision.reason)
-    return summary
+    get_run_logger().info("run %s %s at step %d: %s", record.run_id, status, summary.final_step, decision.reason)
+    return result

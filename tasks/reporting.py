@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
 from uuid import UUID
 
 from prefect import get_run_logger
@@ -22,9 +21,12 @@ from tasks.records import CheckpointRecord, RunRecord
 from tasks.automation import (
     ATTEMPT_FAILED, ATTEMPT_RECOVERED, CHECKPOINT_COMMITTED, RESOURCE_PREFIX, RUN_FAILED, RUN_SUCCEEDED,
 )
-from trainflow.failures import AttemptResult, Decision, Outcome
+from trainflow.contracts import AttemptResult, Outcome, RunSummary
+from trainflow.contracts.ledger import milliseconds, percent, seconds
+from trainflow.failures import Decision
 from trainflow.plots import plots_markdown
 from trainflow.spec import RunSpec
+from trainflow.summary import mlflow_ui_command, public_uri
 
 PROGRESS_EVERY_S = 2.0  # the watch loop flushes metrics every second; the UI needs less
 MLFLOW_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves a local (sqlite) store by default
@@ -162,7 +164,7 @@ def report_run(spec: RunSpec, record: RunRecord, summary: dict) -> None:
             description=f"{summary['status']}: " + _describe(report, attempt, summary["final_step"]),
         )
     mlflow = mlflow_link(record)
-    pictures = plots_markdown(record.tracking_uri, record.mlflow_run_id, summary.get("plots") or [], mlflow["url"])
+    pictures = plots_markdown(summary, mlflow["url"])
     create_markdown_artifact(
         summary_markdown(summary, mlflow) + pictures,
         key=f"{spec.name}-summary",
@@ -183,16 +185,6 @@ def report_run(spec: RunSpec, record: RunRecord, summary: dict) -> None:
     )
 
 
-def public_uri(uri: str) -> str:
-    """The URI without user:password, for anything a person reads."""
-    parts = urlsplit(uri)
-    if parts.username or parts.password:
-        host = parts.hostname or ""
-        netloc = f"{host}:{parts.port}" if parts.port else host
-        return urlunsplit(parts._replace(netloc=netloc))
-    return uri
-
-
 def mlflow_link(record: RunRecord) -> dict[str, str]:
     """Where to look at the run in the MLflow UI: the server itself, or `mlflow ui` over a local store."""
     from mlflow.tracking import MlflowClient
@@ -203,7 +195,7 @@ def mlflow_link(record: RunRecord) -> dict[str, str]:
     base = MLFLOW_UI if local else uri.rstrip("/")
     return {
         "url": f"{base}/#/experiments/{experiment_id}/runs/{record.mlflow_run_id}",
-        "command": f"mlflow ui --backend-store-uri {uri}" if local else "",
+        "command": mlflow_ui_command(uri) if local else "",
         "tracking_uri": uri,
     }
 
@@ -216,27 +208,35 @@ def _cell(value, digits: int = 3) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
-def summary_markdown(summary: dict, mlflow: dict[str, str]) -> str:
-    """The run at a glance: outcome, attempts with their timings and lost steps, goodput, checkpoints,
-    and where MLflow keeps the rest."""
+def summary_markdown(summary: RunSummary | dict, mlflow: dict[str, str]) -> str:
+    """The run at a glance: outcome, where the time went (the ledger's figures, printed as the
+    pictures print them), attempts with their timings and lost steps, checkpoints, and where MLflow
+    keeps the rest."""
+    s = summary if isinstance(summary, RunSummary) else RunSummary.model_validate(summary)
+    f = s.costs
     lines = [
-        f"# {summary['run_id']}",
+        f"# {s.run_id}",
         "",
-        f"| Status | {summary['status']} at step {summary['final_step']} of {summary['total_steps']} |",
+        f"| Status | {s.status} at step {s.final_step} of {s.total_steps} |",
         "|---|---|",
-        f"| Reason | {_cell(summary['reason'])} |",
-        f"| Goodput | {_cell(summary['goodput'])} |",
-        f"| Final loss | {_cell(summary.get('final_loss'), 4)} |",
-        f"| Parameters sha256 | `{summary.get('params_sha256') or '–'}` |",
-        f"| MLflow run | [{summary['mlflow_run_id']}]({mlflow['url']}) in experiment `{summary['experiment']}` |",
+        f"| Reason | {_cell(s.reason)} |",
+        f"| Goodput | {percent(s.goodput)} of {seconds(f.wall_s)} |",
+        f"| Steps run | {f.steps_run}, mean step {milliseconds(f.mean_step_time_s)} |",
+        f"| Lost work | {f.lost_steps} steps, {seconds(f.lost_work_s)} |",
+        f"| Failure detection, recovery | {seconds(f.detection_s_total)}, {seconds(f.recovery_s_total)} |",
+        f"| Checkpoint stalls | {seconds(f.checkpoint_stall_total_s)}, {percent(f.checkpoint_share)} of step time |",
+        f"| Final loss | {_cell(s.final_loss, 4)} |",
+        f"| Parameters sha256 | `{s.params_sha256 or '–'}` |",
+        f"| MLflow run | [{s.mlflow_run_id}]({mlflow['url']}) in experiment `{s.experiment}` |",
         f"| Tracking URI | `{mlflow['tracking_uri']}` |",
     ]
     if mlflow["command"]:
         lines.append(f"| Open it with | `{mlflow['command']}` |")
-    teardown = summary.get("teardown") or {}
-    if teardown:
-        clean = "clean" if teardown.get("clean") else "survivors: " + _cell("; ".join(teardown.get("survivors", [])))
+    if s.teardown:
+        clean = "clean" if s.teardown.get("clean") else "survivors: " + _cell("; ".join(s.teardown.get("survivors", [])))
         lines.append(f"| Teardown | {clean} |")
+    if s.diagnosis:
+        lines += ["", "## Diagnosis", ""] + [f"- {finding}" for finding in s.diagnosis]
     lines += [
         "",
         "## Attempts",
@@ -244,16 +244,16 @@ def summary_markdown(summary: dict, mlflow: dict[str, str]) -> str:
         "| Attempt | Outcome | World size | Steps | Detection (s) | Recovery (s) | Lost steps | Reason |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for row in summary["attempts"]:
+    for row in s.attempts:
         lines.append(
-            f"| {row['attempt']} | {row['outcome']} | {row['world_size']} | {row['resumed_from_step']} → "
-            f"{row.get('last_step', '–')} | {_cell(row['detection_latency_s'])} | {_cell(row['recovery_s'])} | "
-            f"{row['lost_steps']} | {_cell(row.get('reason'))} |"
+            f"| {row.attempt} | {row.outcome.value} | {row.world_size} | {row.resumed_from_step} → "
+            f"{row.last_step} | {_cell(row.detection_latency_s)} | {_cell(row.recovery_s)} | "
+            f"{row.lost_steps} | {_cell(row.reason)} |"
         )
     lines += ["", "## Checkpoints", ""]
-    if summary["checkpoints"]:
+    if s.checkpoints:
         lines += ["| Step | URI | Verified |", "|---|---|---|"]
-        lines += [f"| {c['step']} | `{c['uri']}` | {'yes' if c['verified'] else 'NO'} |" for c in summary["checkpoints"]]
+        lines += [f"| {c.step} | `{c.uri}` | {'yes' if c.verified else 'NO'} |" for c in s.checkpoints]
     else:
         lines.append("No committed checkpoint is kept.")
     return "\n".join(lines) + "\n"

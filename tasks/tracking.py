@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
+from prefect import get_client, get_run_logger
 from prefect.runtime import flow_run
 
 from tasks import lifecycle_task
@@ -19,6 +20,16 @@ def new_run_id(spec: RunSpec) -> str:
     return f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
 
 
+def name_flow_run(flow_run_id: str, run_id: str) -> None:
+    """Name the flow run after the trainflow run id, so runs of one spec can be told apart in the
+    Prefect UI (the flow's own name template only knows the spec's name)."""
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_name(flow_run_id, run_id)
+    except Exception as exc:  # noqa: BLE001 - a name is for people, never worth a failed run
+        get_run_logger().warning("flow run not renamed to %s: %s: %s", run_id, type(exc).__name__, exc)
+
+
 @lifecycle_task(name="start-tracking")
 def start_tracking(spec: RunSpec, resume: bool, run_id: str) -> RunRecord:
     """Open the MLflow run of this lifecycle (tagged with `run_id`) and record what it will compute."""
@@ -26,6 +37,8 @@ def start_tracking(spec: RunSpec, resume: bool, run_id: str) -> RunRecord:
     tracker = Tracker(uri)
     experiment = spec.tracking.experiment or spec.name
     flow_run_id = str(flow_run.id or "")
+    if flow_run_id:
+        name_flow_run(flow_run_id, run_id)
     lineage = current_lineage()  # set when this run reruns an earlier one
     mlflow_run_id = tracker.start_run(
         experiment,

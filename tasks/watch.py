@@ -71,6 +71,8 @@ def watch_attempt(
         on_metrics=on_metrics,
         on_event=on_event,
         step_metrics_every_s=spec.tracking.step_metrics_every_s,
+        mean_metrics=tuple(spec.tracking.mean_metrics),
+        final_step=spec.workload.steps,
         plain=spec.workload.mode.value == "plain",
     )
     try:

@@ -173,7 +173,9 @@ def finish(state, as_json: bool) -> None:
         fail_input(summary["reason"])
     print_summary(summary)
     if as_json:
-        typer.echo(json.dumps(summary, default=str))
+        from trainflow.contracts import RunSummary
+
+        typer.echo(json.dumps(RunSummary.model_validate(summary).as_json_dict()))
     raise typer.Exit(0 if summary["status"] == "succeeded" else EXIT_FAILED)
 
 
@@ -384,24 +386,20 @@ def print_drill(report: dict) -> None:
 
 
 def print_summary(summary: dict) -> None:
-    echo = lambda text="": typer.echo(text, err=False)  # noqa: E731
-    echo()
-    echo(f"run {summary['run_id']}: {summary['status'].upper()} at step {summary['final_step']}/{summary['total_steps']}")
-    if summary["status"] != "succeeded":
-        echo(f"  reason: {summary['reason']}")
-    if summary.get("features_off"):
-        echo(f"  plain torchrun script: off without trainflow.runtime: {', '.join(summary['features_off'])}")
-    if summary.get("final_loss") is not None:
-        echo(f"  final loss {summary['final_loss']:.4f}, params sha256 {str(summary['params_sha256'])[:16]}...")
-    for row in summary["attempts"]:
-        echo(
-            f"  attempt {row['attempt']}: {row['outcome']} (from step {row['resumed_from_step']} to {row['last_step']})"
-        )
-    if summary["checkpoints"]:
-        echo(f"  latest checkpoint: {summary['checkpoints'][-1]['uri']}")
-    echo(f"  teardown: {'clean' if summary['teardown']['clean'] else 'SURVIVORS ' + str(summary['teardown']['survivors'])}")
-    echo(f"  MLflow: mlflow ui --backend-store-uri {summary['tracking_uri']}  (run {summary['mlflow_run_id']})")
-    echo(f"  Prefect: flow run {summary['prefect_flow_run_id']}")
+    from trainflow.summary import closing_lines
+
+    typer.echo()
+    for line in closing_lines(summary, _prefect_ui_url()):
+        typer.echo(line)
+
+
+def _prefect_ui_url() -> str | None:
+    """The UI of the Prefect server named by PREFECT_API_URL; None when the run had a temporary one."""
+    if not os.environ.get("PREFECT_API_URL"):
+        return None
+    from prefect.settings import PREFECT_UI_URL
+
+    return PREFECT_UI_URL.value()
 
 
 bench_app = typer.Typer(no_args_is_help=True, help="Measure trainflow's parts on this machine.")

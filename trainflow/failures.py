@@ -3,52 +3,15 @@
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 
 from trainflow.backends.base import NodeExit
+from trainflow.contracts import AttemptResult, Outcome
 from trainflow.spec import FaultTolerance
 from trainflow.runtime.reporter import EXIT_ORCHESTRATOR_LOST
 from trainflow.status import AttemptStatus
 
 INFRA_ERRORS = {"StorageError", "CheckpointInvalid", "ManifestError", "DistNetworkError", "DistStoreError"}
-
-
-class Outcome(str, Enum):
-    SUCCEEDED = "SUCCEEDED"
-    CRASHED = "CRASHED"
-    KILLED = "KILLED"
-    HUNG = "HUNG"
-    NODE_LOST = "NODE_LOST"
-    PREEMPTED = "PREEMPTED"
-    DIVERGED = "DIVERGED"
-    USER_ERROR = "USER_ERROR"
-    INFRA = "INFRA"
-    CANCELLED = "CANCELLED"
-
-
-
-@dataclass
-class AttemptResult:
-    attempt: int
-    outcome: Outcome
-    reason: str
-    world_size: int
-    started_at: float
-    ended_at: float
-    detected_at: float
-    failed_at: float | None
-    last_step: int
-    resumed_from_step: int
-    first_step_at: float | None = None
-    finished: dict | None = None
-    step_time_total_s: float = 0.0
-    totals: dict = field(default_factory=dict)  # sums over the attempt's steps: step, comm, data, stalls
-    evidence: dict = field(default_factory=dict)
-
-    @property
-    def detection_latency_s(self) -> float | None:
-        return None if self.failed_at is None else max(0.0, self.detected_at - self.failed_at)
 
 
 PEER_FAILURE_SIGNS = (
@@ -228,7 +191,7 @@ def decide(policy: FaultTolerance, results: list[AttemptResult]) -> Decision:
     last = results[-1]
     if last.outcome == Outcome.SUCCEEDED:
         return Decision(False, last.reason)
-    if last.outcome.value not in {kind.value for kind in policy.retry_on}:
+    if last.outcome not in policy.retry_on:
         return Decision(False, f"{last.outcome.value} is not retried: {last.reason}")
     if len(results) >= 2 and last.outcome != Outcome.PREEMPTED:
         previous = results[-2]

@@ -19,6 +19,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from trainflow.contracts import RETRYABLE, Outcome
+
 
 class SpecError(ValueError):
     """A spec that cannot run; the message names the file or field and says what to do."""
@@ -254,20 +256,7 @@ class Checkpoint(Section):
         return self.uri.startswith("s3://")
 
 
-class FailureKind(str, Enum):
-    """Outcomes of a failed attempt that the retry policy can name."""
-
-    CRASHED = "CRASHED"
-    KILLED = "KILLED"
-    HUNG = "HUNG"
-    NODE_LOST = "NODE_LOST"
-    PREEMPTED = "PREEMPTED"
-    DIVERGED = "DIVERGED"
-    USER_ERROR = "USER_ERROR"
-    INFRA = "INFRA"
-
-
-DEFAULT_RETRY_ON = [k for k in FailureKind if k != FailureKind.USER_ERROR]
+DEFAULT_RETRY_ON = [o for o in RETRYABLE if o != Outcome.USER_ERROR]
 
 
 class FaultTolerance(Section):
@@ -287,7 +276,7 @@ class FaultTolerance(Section):
     max_user_errors: Annotated[int, Field(ge=0, le=100)] = Field(
         default=0, title="Max user errors", description="Retries after an exception in the training code or a NaN loss."
     )
-    retry_on: list[FailureKind] = Field(
+    retry_on: list[Outcome] = Field(
         default_factory=lambda: list(DEFAULT_RETRY_ON),
         title="Retry on",
         description="Outcomes that take the retry branch (USER_ERROR also needs max_user_errors > 0).",
@@ -337,7 +326,9 @@ class FaultTolerance(Section):
             raise ValueError("backoff_max_s must be at least backoff_s")
         if len(set(self.retry_on)) != len(self.retry_on):
             raise ValueError("retry_on lists an outcome twice")
-        if FailureKind.USER_ERROR in self.retry_on and self.max_user_errors == 0:
+        if not_failures := [o.value for o in self.retry_on if o not in RETRYABLE]:
+            raise ValueError(f"retry_on lists {', '.join(not_failures)}, which is not a failure")
+        if Outcome.USER_ERROR in self.retry_on and self.max_user_errors == 0:
             raise ValueError("retry_on includes USER_ERROR but max_user_errors is 0")
         return self
 
@@ -357,8 +348,15 @@ class Tracking(Section):
     step_metrics_every_s: Annotated[float, Field(ge=0, le=3600)] = Field(
         default=0.1,
         title="Step metrics every (s)",
-        description="Steps faster than this are recorded as their mean over this interval, at its last "
-        "step; slower steps one by one (0: every step).",
+        description="Steps faster than this are recorded as one point per interval, at its last step "
+        "(loss and step timings: their mean; other metrics: the last value); slower steps one by one "
+        "(0: every step).",
+    )
+    mean_metrics: list[str] = Field(
+        default_factory=list,
+        title="Metrics averaged over an interval",
+        description="Script metrics recorded as their mean over a step-metrics interval, like loss; "
+        "any other metric is recorded as its last value (a learning rate is never averaged).",
     )
 
 

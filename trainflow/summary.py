@@ -1,52 +1,81 @@
-"""The run summary: the JSON contract of `trainflow run --json`, computed from the attempts."""
+"""The run summary's status and the closing lines `trainflow run` prints: every figure is the run
+ledger's, and every command printed works as printed."""
 
 from __future__ import annotations
 
-from trainflow.failures import AttemptResult, Outcome
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
-
-def attempt_rows(results: list[AttemptResult]) -> list[dict]:
-    """Per attempt: outcome, timing, detection latency, recovery time and steps lost."""
-    rows = []
-    for index, result in enumerate(results):
-        following = results[index + 1] if index + 1 < len(results) else None
-        previous = results[index - 1] if index > 0 else None
-        recovery = None
-        if previous is not None and result.first_step_at is not None:
-            recovery = round(result.first_step_at - previous.detected_at, 3)
-        lost = max(0, result.last_step - following.resumed_from_step) if following else 0
-        latency = result.detection_latency_s
-        rows.append(
-            {
-                "attempt": result.attempt,
-                "outcome": result.outcome.value,
-                "reason": result.reason,
-                "world_size": result.world_size,
-                "resumed_from_step": result.resumed_from_step,
-                "last_step": result.last_step,
-                "started_at": result.started_at,
-                "ended_at": result.ended_at,
-                "detected_at": None if result.outcome == Outcome.SUCCEEDED else result.detected_at,
-                "detection_latency_s": None if latency is None else round(latency, 3),
-                "recovery_s": recovery,
-                "lost_steps": lost,
-            }
-        )
-    return rows
-
-
-def goodput(results: list[AttemptResult]) -> float | None:
-    """Time spent on steps that count toward the final model, over the wall time of all attempts."""
-    if not results:
-        return None
-    executed = sum(max(0, r.last_step - r.resumed_from_step) for r in results)
-    step_time = sum(r.step_time_total_s for r in results)
-    useful = results[-1].last_step - results[0].resumed_from_step
-    wall = results[-1].ended_at - results[0].started_at
-    if executed <= 0 or wall <= 0:
-        return 0.0
-    return round(min(1.0, useful * (step_time / executed) / wall), 4)
+from trainflow.contracts import AttemptResult, Outcome, RunSummary
+from trainflow.contracts.ledger import percent
 
 
 def run_status(results: list[AttemptResult]) -> str:
     return "succeeded" if results and results[-1].outcome == Outcome.SUCCEEDED else "failed"
+
+
+def public_uri(uri: str) -> str:
+    """The URI without user:password, for anything a person reads."""
+    parts = urlsplit(uri)
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        netloc = f"{host}:{parts.port}" if parts.port else host
+        return urlunsplit(parts._replace(netloc=netloc))
+    return uri
+
+
+def mlflow_command() -> str:
+    """How to start this environment's MLflow (the one that wrote the store): `mlflow` when that
+    is what PATH finds, else its path beside this interpreter (a venv that is not activated), else
+    the interpreter's module."""
+    beside = Path(sys.executable).parent / "mlflow"
+    if not beside.exists():
+        return f"{shlex.quote(sys.executable)} -m mlflow"
+    found = shutil.which("mlflow")
+    if found and Path(found).resolve() == beside.resolve():
+        return "mlflow"
+    return shlex.quote(str(beside))
+
+
+def mlflow_ui_command(tracking_uri: str) -> str:
+    return f"{mlflow_command()} ui --backend-store-uri {shlex.quote(tracking_uri)}"
+
+
+def flow_run_url(ui_url: str | None, flow_run_id: str) -> str | None:
+    return f"{ui_url.rstrip('/')}/runs/flow-run/{flow_run_id}" if ui_url and flow_run_id else None
+
+
+def closing_lines(summary: RunSummary | dict, prefect_ui_url: str | None) -> list[str]:
+    """The summary a person reads at the end of `trainflow run`. `prefect_ui_url`: the UI of the
+    Prefect server the run was recorded on, or None for a temporary one (gone with the command)."""
+    s = summary if isinstance(summary, RunSummary) else RunSummary.model_validate(summary)
+    lines = [f"run {s.run_id}: {s.status.upper()} at step {s.final_step}/{s.total_steps}"]
+    if s.status != "succeeded":
+        lines.append(f"  reason: {s.reason}")
+    if s.features_off:
+        lines.append(f"  plain torchrun script: off without trainflow.runtime: {', '.join(s.features_off)}")
+    if s.final_loss is not None:
+        lines.append(f"  final loss {s.final_loss:.4f}, params sha256 {str(s.params_sha256)[:16]}...")
+    for row in s.attempts:
+        lines.append(f"  attempt {row.attempt}: {row.outcome.value} (from step {row.resumed_from_step} to {row.last_step})")
+    lines.append(f"  goodput {percent(s.goodput)}")
+    if s.checkpoints:
+        lines.append(f"  latest checkpoint: {s.checkpoints[-1].uri}")
+    if s.teardown is not None:
+        clean = s.teardown.get("clean")
+        lines.append(f"  teardown: {'clean' if clean else 'SURVIVORS ' + str(s.teardown.get('survivors'))}")
+    tracking = public_uri(s.tracking_uri)
+    if tracking.startswith(("http://", "https://")):
+        lines.append(f"  MLflow: run {s.mlflow_run_id} at {tracking}")
+    else:
+        lines.append(f"  MLflow: {mlflow_ui_command(tracking)}  (run {s.mlflow_run_id})")
+    url = flow_run_url(prefect_ui_url, s.prefect_flow_run_id)
+    if url:
+        lines.append(f"  Prefect: {url}")
+    else:
+        lines.append(f"  Prefect: flow run {s.prefect_flow_run_id} (on a temporary server, gone with this command; "
+                     "set PREFECT_API_URL to keep runs)")
+    return lines

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunTag
@@ -96,9 +95,6 @@ class Tracker:
         with self._lock:
             for start in range(0, len(metrics), 1000):
                 self.client.log_batch(run_id, metrics=metrics[start : start + 1000])
-
-    def log_metric(self, run_id: str, key: str, value: float, step: int = 0) -> None:
-        self.log_metrics(run_id, [(key, value, step, time.time())])
 
     def log_text(self, run_id: str, text: str, path: str) -> None:
         with self._lock:

@@ -69,6 +69,8 @@ class AttemptWatcher:
         on_metrics: Callable[[MetricRows], None],
         on_event: Callable[[dict], None],
         step_metrics_every_s: float = 0.0,
+        mean_metrics: tuple[str, ...] = (),
+        final_step: int | None = None,
         plain: bool = False,
     ):
         self.plain = plain  # a plain torchrun script: no reports, only exits
@@ -81,12 +83,11 @@ class AttemptWatcher:
         self.on_metrics = on_metrics
         self.on_event = on_event
         self._pending: MetricRows = []
-        self._window = StepMetricWindow(step_metrics_every_s)
+        self._window = StepMetricWindow(step_metrics_every_s, mean_metrics, final_step)
         self._flushed_at = time.monotonic()
         self._scored_at = time.monotonic()
         self.stragglers: dict[int, dict] = {}
         self._straggling: dict[int, int] = {}
-        self.step_time_total = 0.0
         self.totals: dict[str, float] = {}
         self._storage_calls: dict[int, dict] = {}  # rank -> the storage call it is blocked in
         self._storage_error = ""  # the last failed checkpoint's reason
@@ -98,6 +99,8 @@ class AttemptWatcher:
                 self._pump()
                 verdict = self._check()
                 if verdict is not None:
+                    self._pump()  # steps reported while it was judged count in its totals, as in MLflow
+                    verdict.totals = dict(self.totals)
                     return verdict
                 time.sleep(poll_s)
         finally:
@@ -267,7 +270,6 @@ class AttemptWatcher:
             resumed_from_step=status.restored_step if status.restored_step is not None else self.resumed_from_step,
             first_step_at=status.first_step_at,
             finished=status.finished,
-            step_time_total_s=self.step_time_total,
             totals=dict(self.totals),
             evidence=evidence,
         )
@@ -282,7 +284,6 @@ class AttemptWatcher:
                 if key in metrics:
                     self.totals[key] = self.totals.get(key, 0.0) + metrics[key]
             self.totals["steps"] = self.totals.get("steps", 0) + ("step_time_s" in metrics)
-            self.step_time_total = self.totals.get("step_time_s", 0.0)
             self._pending.extend(self._window.add(step, t, metrics))
         while True:
             try:

@@ -141,3 +141,15 @@ def test_resume_continues_from_last_committed_step_and_matches_an_uninterrupted_
     assert straight.returncode == 0, straight.stderr[-4000:]
     assert summary_of(straight)["params_sha256"] == summary["params_sha256"]
     assert (tmp_path / "straight" / "mlflow.db").exists()
+
+
+def test_the_closing_summary_links_the_flow_run_in_the_prefect_ui(first_run, prefect_api):
+    summary = first_run["summary"]
+    lines = first_run["result"].stdout.splitlines()
+    url = f"{prefect_api.removesuffix('/api')}/runs/flow-run/{summary['prefect_flow_run_id']}"
+    assert f"  Prefect: {url}" in lines
+    page = urllib.request.Request(url, headers={"Accept": "text/html"})  # as a browser asks for it
+    with urllib.request.urlopen(page) as response:  # the UI serves the page the link names
+        assert response.status == 200 and "<html" in response.read().decode().lower()
+    [mlflow] = [line for line in lines if line.startswith("  MLflow: ")]
+    assert f" ui --backend-store-uri {summary['tracking_uri']}  (run {summary['mlflow_run_id']})" in mlflow

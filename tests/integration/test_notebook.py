@@ -104,3 +104,87 @@ def test_notebook_lists_compares_and_draws_the_runs(drilled, monkeypatch):
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     # attempts chart, loss per attempt, both runs' timeline and goodput, checkpoint timings
     assert len(images) >= 7, len(images)
+
+
+def prefect_get(api: str, path: str, body: dict | None = None):
+    request = urllib.request.Request(f"{api}{path}", data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request) as response:
+        return json.loads(response.read())
+
+
+def test_every_figure_of_the_faulted_run_agrees_to_the_printed_digit(drilled, tmp_path):
+    """The goodput picture's title and bars, the MLflow metrics, summary.json, the Prefect summary
+    artifact and the diagnosis, for the run whose worker crashed: one ledger, printed one way."""
+    from trainflow.contracts.ledger import milliseconds, percent, seconds
+    from trainflow.plots import picture_titles
+    from trainflow.plots.data import goodput_breakdown, timeline_data
+    from trainflow.plots.render import draw_goodput, draw_timeline, figure_texts, new_figure
+    from trainflow.plots.store import metric_histories
+
+    report, client = drilled["report"], MlflowClient(drilled["tracking_uri"])
+    run_id = report["mlflow_run_id"]
+    summary = json.loads(Path(client.download_artifacts(run_id, "summary.json", str(tmp_path))).read_text())
+    figures, metrics = summary["costs"], client.get_run(run_id).data.metrics
+    assert [a["outcome"] for a in summary["attempts"]][-1] == "SUCCEEDED" and len(summary["attempts"]) == 2
+    assert summary["goodput"] == figures["goodput"] == metrics["goodput"] == report["goodput"]
+    for key, value in figures.items():  # every figure of the ledger is the run's metric of that name
+        assert metrics[key] == pytest.approx(value, abs=1e-9), key
+
+    figure = new_figure()
+    draw_goodput(figure, goodput_breakdown(summary))
+    title, texts = figure.get_suptitle(), figure_texts(figure)
+    goodput, wall = percent(metrics["goodput"]), seconds(metrics["wall_s"])
+    assert f"goodput {goodput} of {wall}, mean step {milliseconds(metrics['mean_step_time_s'])}" in title
+    assert f"{seconds(metrics['productive_s'])}  ({goodput})" in texts  # the productive bar: the goodput again
+    stall_share = percent(metrics["checkpoint_stall_total_s"] / metrics["wall_s"])
+    assert f"{seconds(metrics['checkpoint_stall_total_s'])}  ({stall_share})" in texts
+    assert f"{seconds(metrics['recovery_s_total'])}  ({percent(metrics['recovery_s_total'] / metrics['wall_s'])})" in texts
+
+    [artifact] = prefect_get(drilled["api"], "/artifacts/filter", {
+        "artifacts": {"flow_run_id": {"any_": [report["prefect_flow_run_id"]]}, "type": {"any_": ["markdown"]}}})
+    markdown = artifact["data"]
+    assert f"![{title}](data:image/png;base64," in markdown  # the logged picture, titled as drawn here
+    assert picture_titles(summary)["goodput.png"] == title
+    assert f"| Goodput | {goodput} of {wall} |" in markdown
+    assert f"mean step {milliseconds(metrics['mean_step_time_s'])} |" in markdown
+    stalls = f"{seconds(metrics['checkpoint_stall_total_s'])}, {percent(metrics['checkpoint_share'])} of step time"
+    assert f"| Checkpoint stalls | {stalls} |" in markdown
+
+    diagnosis = Path(client.download_artifacts(run_id, "diagnosis.md", str(tmp_path))).read_text()
+    assert diagnosis.splitlines() == [f"- {finding}" for finding in summary["diagnosis"]] or (
+        not summary["diagnosis"] and diagnosis == "- nothing to report")
+    stall_findings = [f for f in summary["diagnosis"] if f.startswith("checkpoints stall")]
+    if metrics["checkpoint_share"] > 0.05:
+        assert stall_findings == [f"checkpoints stall training for {stalls} (> 5.0%): save less often or asynchronously"]
+    else:
+        assert not stall_findings
+
+    # the last loss point is the final step's own, and it is final_loss
+    loss = sorted((m.timestamp, m.step, m.value) for m in client.get_metric_history(run_id, "loss"))
+    assert loss[-1][1] == summary["final_step"] == 30
+    assert loss[-1][2] == pytest.approx(summary["final_loss"], rel=1e-12) == metrics["final_loss"]
+
+    # the timeline counts the steps each attempt ran, not the points recorded
+    histories = metric_histories(client, run_id)
+    figure = new_figure()
+    draw_timeline(figure, timeline_data(summary, histories))
+    texts = figure_texts(figure)
+    crashed, finished = summary["attempts"]
+    assert finished["steps_run"] == finished["last_step"] - finished["resumed_from_step"]  # every step, once
+    assert crashed["steps_run"] >= crashed["last_step"] - crashed["resumed_from_step"]  # rank 0 may be one ahead
+    for row in summary["attempts"]:
+        assert any(f"({row['steps_run']} steps, {seconds(row['step_time_s'])} of step time)" in t for t in texts)
+    assert sum(row["steps_run"] for row in summary["attempts"]) == metrics["steps_run"]
+
+
+def test_flow_runs_are_named_after_the_trainflow_run(drilled, tmp_path):
+    client = MlflowClient(drilled["tracking_uri"])
+    report = drilled["report"]
+    names = set()
+    for run_id in (report["mlflow_run_id"], report["baseline_mlflow_run_id"]):
+        run = client.get_run(run_id)
+        flow_run = prefect_get(drilled["api"], f"/flow_runs/{run.data.tags['prefect_flow_run_id']}")
+        assert flow_run["name"] == run.data.tags["trainflow.run_id"]
+        names.add(flow_run["name"])
+    assert len(names) == 2  # the baseline and the faulted run of one spec, told apart

@@ -29,7 +29,7 @@ from trainflow.backends.kubernetes.cluster import KubeCluster
 from trainflow.backends.kubernetes.launcher import KubernetesLauncher
 from trainflow.backends.kubernetes.names import RunNames
 from trainflow.backends.kubernetes.registry import RegistryError
-from trainflow.failures import Outcome
+from trainflow.contracts import Outcome
 from trainflow.spec import load_spec
 
 KUBECONFIG = os.environ.get("KUBECONFIG", "")

@@ -204,10 +204,10 @@ def test_root_cause_exitcode_is_read_from_torchruns_failure_report(tmp_path):
     assert root_cause_exitcode(tmp_path / "missing.log") is None
 
 
-def test_every_failure_kind_the_policy_names_is_an_outcome():
-    from trainflow.spec import FailureKind
-
-    assert {k.value for k in FailureKind} <= {o.value for o in Outcome}
+def test_the_retry_policy_names_failures_only():
+    assert Outcome.SUCCEEDED not in FaultTolerance().retry_on and Outcome.CRASHED in FaultTolerance().retry_on
+    with pytest.raises(ValueError, match="retry_on lists SUCCEEDED, which is not a failure"):
+        FaultTolerance(retry_on=["CRASHED", "SUCCEEDED"])
 
 
 # --- per rank: the first rank to fail is the cause ---------------------------------------------------

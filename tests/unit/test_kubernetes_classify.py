@@ -18,7 +18,7 @@ from trainflow.backends.kubernetes.classify import (
     pod_outcome,
 )
 from trainflow.backends.kubernetes.observe import PodObserver
-from trainflow.failures import Outcome
+from trainflow.contracts import Outcome
 from trainflow.runtime import exit_codes
 
 

@@ -20,7 +20,7 @@ from trainflow.backends.kubernetes.cluster import ClusterError
 from trainflow.backends.kubernetes.image import ImageError
 from trainflow.backends.kubernetes.launcher import KubernetesLauncher, LaunchError, ProvisionError
 from trainflow.backends.kubernetes.registry import RegistryError
-from trainflow.failures import Outcome
+from trainflow.contracts import Outcome
 from trainflow.spec import load_spec
 
 EXAMPLE = ROOT / "examples" / "specs" / "digits-kubernetes.yaml"

@@ -6,12 +6,15 @@ import struct
 
 import pytest
 
-from trainflow.plots import render_run_plots
+from trainflow.contracts import AttemptResult, Outcome, RunSummary, run_ledger
+from trainflow.plots import picture_titles, render_run_plots
 from trainflow.plots.data import (
     DETECTION, LOST, OTHER, PRODUCTIVE, RECOVERY, STALLS, checkpoint_timings, curves_by_attempt,
     goodput_breakdown, timeline_data,
 )
-from trainflow.plots.render import draw_goodput, draw_timeline, new_figure, render_goodput, render_timeline
+from trainflow.plots.render import (
+    draw_goodput, draw_timeline, figure_texts, new_figure, render_goodput, render_timeline,
+)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 T0 = 1_800_000_000.0
@@ -20,23 +23,25 @@ STEP_S = 0.1
 
 def crash_then_success() -> tuple[dict, dict]:
     """Attempt 1 trains steps 1-17 and crashes (checkpoints at 5, 10, 15); attempt 2 resumes from 15
-    and finishes 30 (checkpoints at 20, 25, 30). Retention kept the last three."""
-    summary = {
-        "run_id": "digits-test-run",
-        "mlflow_run_id": "0123456789abcdef",
-        "status": "succeeded",
-        "final_step": 30,
-        "goodput": round(30 * STEP_S / 20.0, 4),
-        "checkpoints": [{"step": s, "uri": f"/ckpt/step-{s}", "verified": True} for s in (20, 25, 30)],
-        "attempts": [
-            {"attempt": 1, "outcome": "CRASHED", "world_size": 2, "resumed_from_step": 0, "last_step": 17,
-             "started_at": T0, "ended_at": T0 + 6.0, "detected_at": T0 + 5.5, "detection_latency_s": 0.3,
-             "recovery_s": None, "lost_steps": 2},
-            {"attempt": 2, "outcome": "SUCCEEDED", "world_size": 2, "resumed_from_step": 15, "last_step": 30,
-             "started_at": T0 + 7.0, "ended_at": T0 + 20.0, "detected_at": None, "detection_latency_s": None,
-             "recovery_s": 9.5, "lost_steps": 0},
-        ],
-    }
+    and finishes 30 (checkpoints at 20, 25, 30). Retention kept the last three. Steps take 0.1 s;
+    the saves at 5, 10, 15, 20 and 25 stalled training 0.02 s each."""
+    results = [
+        AttemptResult(attempt=1, outcome=Outcome.CRASHED, reason="rank 1 was killed", world_size=2, started_at=T0,
+                      ended_at=T0 + 6.0, detected_at=T0 + 5.5, failed_at=T0 + 5.2, last_step=17, resumed_from_step=0,
+                      first_step_at=T0 + 3.0, totals={"steps": 17, "step_time_s": 1.7, "checkpoint_stall_s": 0.06}),
+        AttemptResult(attempt=2, outcome=Outcome.SUCCEEDED, reason="finished", world_size=2, started_at=T0 + 7.0,
+                      ended_at=T0 + 20.0, detected_at=T0 + 20.0, failed_at=None, last_step=30, resumed_from_step=15,
+                      first_step_at=T0 + 15.0, totals={"steps": 15, "step_time_s": 1.5, "checkpoint_stall_s": 0.04}),
+    ]
+    ledger = run_ledger(results, world_size=2)
+    summary = RunSummary(
+        status="succeeded", reason="finished", run_id="digits-test-run", mlflow_run_id="0123456789abcdef",
+        tracking_uri="sqlite:///mlflow.db", experiment="digits", prefect_flow_run_id="", final_step=30,
+        total_steps=30, final_loss=0.8, params_sha256=None,
+        checkpoints=[{"step": s, "uri": f"/ckpt/step-{s}", "verified": True} for s in (20, 25, 30)],
+        snapshots_failed=[], attempts=ledger.attempts, stragglers=[], goodput=ledger.figures.goodput,
+        features_off=[], costs=ledger.figures, diagnosis=[],
+    ).as_json_dict()
     # attempt 1 steps at T0+3.0 .. T0+4.6, attempt 2 steps 16-30 from T0+15.0
     steps = [(s, T0 + 3.0 + (s - 1) * STEP_S) for s in range(1, 18)]
     steps += [(s, T0 + 15.0 + (s - 16) * STEP_S) for s in range(16, 31)]
@@ -85,44 +90,41 @@ def test_timeline_without_commit_times_places_kept_checkpoints_at_their_step():
     assert timeline.checkpoints[-1].at_s == pytest.approx(15.0 + 14 * STEP_S)
 
 
-def test_goodput_breakdown_figures():
-    summary, histories = crash_then_success()
-    breakdown = goodput_breakdown(summary, histories)
+def test_goodput_breakdown_is_the_ledgers():
+    summary, _ = crash_then_success()
+    breakdown = goodput_breakdown(summary)
     assert breakdown.mean_step_s == pytest.approx(STEP_S)
     assert breakdown.seconds(PRODUCTIVE) == pytest.approx(30 * STEP_S)  # 30 steps count toward the model
     assert breakdown.seconds(LOST) == pytest.approx(2 * STEP_S)  # steps 16 and 17 were redone
     assert breakdown.seconds(DETECTION) == pytest.approx(0.3)
     assert breakdown.seconds(RECOVERY) == pytest.approx(9.5)
-    assert breakdown.seconds(STALLS) == pytest.approx(5 * 0.02)  # the runtime's stall figures, not staging twice
+    assert breakdown.seconds(STALLS) == pytest.approx(5 * 0.02)
     assert breakdown.seconds(OTHER) == pytest.approx(20.0 - 3.0 - 0.2 - 0.3 - 9.5 - 0.1)
     assert sum(s.seconds for s in breakdown.segments) == pytest.approx(breakdown.wall_s) == pytest.approx(20.0)
-    # the productive share is the summary's goodput
-    assert breakdown.seconds(PRODUCTIVE) / breakdown.wall_s == pytest.approx(summary["goodput"], abs=1e-4)
+    assert breakdown.goodput == summary["goodput"] == 0.15
 
 
-def test_a_run_total_logged_under_the_stall_metric_is_not_counted_again():
+def test_the_goodput_picture_prints_the_ledgers_figures():
     summary, histories = crash_then_success()
-    # finalize logs the run's total as checkpoint_stall_s at the final step, stamped with the end
-    histories["checkpoint_stall_s"].append((30, 0.5, summary["attempts"][-1]["ended_at"]))
-    assert goodput_breakdown(summary, histories).seconds(STALLS) == pytest.approx(5 * 0.02)
+    figure = new_figure()
+    draw_goodput(figure, goodput_breakdown(summary))
+    texts = figure_texts(figure)
+    title = figure.get_suptitle()
+    assert "goodput 15.0% of 20.0 s, mean step 100.0 ms" in title
+    assert title == picture_titles(summary)["goodput.png"]
+    assert "3.00 s  (15.0%)" in texts  # productive training: the goodput again, to the digit
+    assert "0.10 s  (0.5%)" in texts  # checkpoint stalls: the ledger's total
+    assert "15.0%" in texts  # the wall-time bar's productive share (its name does not fit): same digits
 
 
-def test_goodput_breakdown_falls_back_to_staging_time_and_the_summary_goodput():
+def test_the_timeline_counts_steps_not_points():
     summary, histories = crash_then_success()
-    del histories["checkpoint_stall_s"], histories["step_time_s"]
-    breakdown = goodput_breakdown(summary, histories)
-    assert breakdown.mean_step_s is None
-    assert breakdown.seconds(PRODUCTIVE) == pytest.approx(summary["goodput"] * 20.0)
-    assert breakdown.seconds(STALLS) == pytest.approx(6 * 0.02)  # stage_s of the six committed snapshots
-    assert breakdown.seconds(LOST) == 0.0  # no step time to weigh the lost steps with
-
-
-def test_goodput_never_claims_more_than_the_wall_time():
-    summary, histories = crash_then_success()
-    summary["attempts"][1]["recovery_s"] = 50.0  # clocks that disagree
-    breakdown = goodput_breakdown(summary, histories)
-    assert breakdown.seconds(OTHER) == 0.0
-    assert sum(s.seconds for s in breakdown.segments) == pytest.approx(breakdown.wall_s)
+    sparse = {key: points[::4] for key, points in histories.items()}  # recorded once per interval
+    figure = new_figure()
+    draw_timeline(figure, timeline_data(summary, sparse))
+    texts = figure_texts(figure)
+    assert any("CRASHED: steps 0 to 17, 2 lost (17 steps, 1.70 s of step time)" in t for t in texts)
+    assert any("SUCCEEDED: steps 15 to 30 (15 steps, 1.50 s of step time)" in t for t in texts)
 
 
 def test_curves_split_by_attempt_with_the_failure_step():
@@ -142,7 +144,7 @@ def test_checkpoint_timings_per_committed_step():
 
 def test_no_attempts_is_refused_with_the_run_named():
     with pytest.raises(ValueError, match="digits-x"):
-        timeline_data({"run_id": "digits-x", "attempts": []}, {})
+        timeline_data({**crash_then_success()[0], "run_id": "digits-x", "attempts": []}, {})
 
 
 def png_size(path) -> tuple[int, int]:
@@ -155,7 +157,7 @@ def png_size(path) -> tuple[int, int]:
 def test_pictures_render_as_png(tmp_path):
     summary, histories = crash_then_success()
     timeline = render_timeline(timeline_data(summary, histories), tmp_path / "a" / "timeline.png")
-    goodput = render_goodput(goodput_breakdown(summary, histories), tmp_path / "a" / "goodput.png")
+    goodput = render_goodput(goodput_breakdown(summary), tmp_path / "a" / "goodput.png")
     for path in (timeline, goodput):
         assert path.stat().st_size > 10_000
         assert png_size(path) == (1200, 500)
@@ -166,7 +168,7 @@ def test_titles_with_real_ids_fit_the_picture(draw, shape):
     summary, histories = crash_then_success()
     summary.update(run_id="digits-20261129-141548-d46749", mlflow_run_id="7832fc152f644fdc86754d1183a33f45")
     figure = new_figure()
-    draw(figure, shape(summary, histories))
+    draw(figure, shape(summary, histories) if shape is timeline_data else shape(summary))
     figure.draw_without_rendering()
     title = figure.get_suptitle()
     assert summary["run_id"] in title and summary["mlflow_run_id"] in title

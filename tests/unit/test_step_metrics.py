@@ -29,3 +29,26 @@ def test_a_metric_seen_once_in_an_interval_keeps_its_value():
     rows = window.add(3, 0.2, {"loss": 0.0}) + window.close()
     assert ("checkpoint_stage_s", 0.25, 3, 0.2) in rows
     assert ("loss", 0.5, 3, 0.2) in rows
+
+
+def test_a_learning_rate_is_never_averaged_unless_the_spec_asks():
+    window = StepMetricWindow(every_s=1.0)
+    window.add(1, 0.0, {"lr": 0.1, "accuracy": 0.5})  # the first step is a row of its own
+    window.add(2, 0.1, {"lr": 0.1, "accuracy": 0.6})
+    rows = window.add(3, 0.2, {"lr": 0.05, "accuracy": 0.8}) + window.close()
+    assert ("lr", 0.05, 3, 0.2) in rows and ("accuracy", 0.8, 3, 0.2) in rows  # values the script logged
+    averaging = StepMetricWindow(every_s=1.0, mean_metrics=("accuracy",))
+    averaging.add(1, 0.0, {"accuracy": 0.5})
+    averaging.add(2, 0.1, {"accuracy": 0.6})
+    rows = averaging.add(3, 0.2, {"accuracy": 0.8}) + averaging.close()
+    assert ("accuracy", 0.7, 3, 0.2) in [(k, round(v, 6), s, t) for k, v, s, t in rows]
+
+
+def test_the_final_step_is_a_point_of_its_own():
+    window = StepMetricWindow(every_s=10.0, final_step=4)
+    rows = []
+    for step in range(1, 5):
+        rows += window.add(step, 0.01 * step, {"loss": float(step)})
+    loss = [(step, value) for key, value, step, _ in rows if key == "loss"]
+    assert loss == [(1, 1.0), (3, 2.5), (4, 4.0)]  # the last point is the final step's loss: final_loss
+    assert window.close() == []

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from trainflow.plots.data import goodput_breakdown, timeline_data
+from trainflow.contracts import RunSummary
+from trainflow.plots.data import as_summary, goodput_breakdown, timeline_data
 from trainflow.plots.store import metric_histories
 from trainflow.tracking import Tracker
 
@@ -30,21 +31,26 @@ CAPTIONS = {
 EMBED_LIMIT_BYTES = 512 * 1024  # larger pictures are linked, not inlined into the markdown
 
 
-def render_run_plots(summary: dict, histories: dict, folder: Path) -> list[Path]:
+def render_run_plots(summary: RunSummary | dict, histories: dict, folder: Path) -> list[Path]:
     """Write the timeline and goodput PNGs of a finished run into `folder`."""
     # matplotlib is imported here, not with the package: without it a run loses its pictures, not its finalize
     from trainflow.plots.render import render_goodput, render_timeline
 
     return [
         render_timeline(timeline_data(summary, histories), folder / TIMELINE_PNG),
-        render_goodput(goodput_breakdown(summary, histories), folder / GOODPUT_PNG),
+        render_goodput(goodput_breakdown(summary), folder / GOODPUT_PNG),
     ]
 
 
-def log_run_plots(tracker: Tracker, mlflow_run_id: str, summary: dict) -> list[str]:
+def picture_titles(summary: RunSummary | dict) -> dict[str, str]:
+    """The title each picture of the run shows, by file name (the pictures' alt text)."""
+    return {TIMELINE_PNG: timeline_data(summary, {}).title, GOODPUT_PNG: goodput_breakdown(summary).title}
+
+
+def log_run_plots(tracker: Tracker, mlflow_run_id: str, summary: RunSummary) -> list[str]:
     """Render the run's pictures from its summary and metric histories and log them as MLflow
     artifacts under plots/; returns their artifact paths."""
-    if not summary.get("attempts"):
+    if not summary.attempts:
         return []
     histories = metric_histories(tracker.client, mlflow_run_id)
     with tempfile.TemporaryDirectory(prefix="trainflow-plots-") as folder:
@@ -54,25 +60,29 @@ def log_run_plots(tracker: Tracker, mlflow_run_id: str, summary: dict) -> list[s
     return [f"{ARTIFACT_FOLDER}/{path.name}" for path in paths]
 
 
-def plots_markdown(tracking_uri: str, mlflow_run_id: str, paths: list[str], run_url: str = "") -> str:
+def plots_markdown(summary: RunSummary | dict, run_url: str = "") -> str:
     """A markdown section showing the run's logged pictures inline, as `data:image/png;base64` URIs
     (both Prefect UIs render those in markdown artifacts: the React UI allows `data:image/` in img
-    src explicitly, the Vue UI passes image sources through), each captioned with its MLflow
-    artifact path. A picture that cannot be read is named, not shown."""
-    if not paths:
+    src explicitly, the Vue UI passes image sources through), each with its title as alt text and
+    captioned with its MLflow artifact path. A picture that cannot be read is named, not shown."""
+    summary = as_summary(summary)
+    if not summary.plots:
         return ""
-    client = MlflowClient(tracking_uri)
+    titles = picture_titles(summary)
+    client = MlflowClient(summary.tracking_uri)
     lines = ["", "## Pictures", ""]
     with tempfile.TemporaryDirectory(prefix="trainflow-plots-") as folder:
-        for path in paths:
+        for path in summary.plots:
             name = Path(path).name
+            caption = CAPTIONS.get(name, name)
             where = f"[`{path}`]({run_url}/artifactPath/{path})" if run_url else f"`{path}`"
             try:
-                data = Path(client.download_artifacts(mlflow_run_id, path, folder)).read_bytes()
+                data = Path(client.download_artifacts(summary.mlflow_run_id, path, folder)).read_bytes()
             except Exception as exc:  # noqa: BLE001 - the summary stays useful without its pictures
-                lines += [f"{CAPTIONS.get(name, name)}: {where} in the MLflow run (not readable here: {exc})", ""]
+                lines += [f"{caption}: {where} in the MLflow run (not readable here: {exc})", ""]
                 continue
             if len(data) <= EMBED_LIMIT_BYTES:
-                lines += [f"![{CAPTIONS.get(name, name)}](data:image/png;base64,{base64.b64encode(data).decode()})", ""]
-            lines += [f"*{CAPTIONS.get(name, name)}* ({where} in the MLflow run)", ""]
+                alt = titles.get(name, caption).replace("[", "(").replace("]", ")")
+                lines += [f"![{alt}](data:image/png;base64,{base64.b64encode(data).decode()})", ""]
+            lines += [f"*{caption}* ({where} in the MLflow run)", ""]
     return "\n".join(lines)

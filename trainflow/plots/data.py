@@ -1,6 +1,8 @@
-"""What the pictures show, as plain numbers: shaped from a run summary (the `--json` contract) and
-the run's MLflow metric histories, with no MLflow or matplotlib in sight, so tests can feed it
-directly.
+"""What the pictures show, as plain numbers and the words they print: shaped from a run summary
+(the `--json` contract, whose figures are the run ledger's) and the run's MLflow metric histories,
+with no MLflow or matplotlib in sight, so tests can feed it directly. Every figure a picture
+prints is the ledger's, printed as the ledger prints it (see trainflow/contracts/ledger.py); the
+histories only place points on the timeline's clock.
 
 A metric history is a list of `(step, value, unix seconds)`; the keys are MLflow metric names
 (`step_time_s`, `loss`, `checkpoint_bytes`, `checkpoint_stall_s`, ...).
@@ -9,7 +11,11 @@ A metric history is a list of `(step, value, unix seconds)`; the keys are MLflow
 from __future__ import annotations
 
 from dataclasses import dataclass
-from statistics import fmean
+
+from trainflow.contracts import RunSummary
+from trainflow.contracts.ledger import (
+    DETECTION, LOST, OTHER, PRODUCTIVE, RECOVERY, STALLS, RunLedger, milliseconds, percent, seconds,
+)
 
 MetricPoint = tuple[int, float, float]  # step, value, unix time in seconds
 Histories = dict[str, list[MetricPoint]]
@@ -35,6 +41,17 @@ class AttemptSpan:
     resumed_from_step: int
     last_step: int
     lost_steps: int
+    steps_run: int  # the steps rank 0 ran in this attempt
+    step_time_s: float  # their summed step time
+
+    @property
+    def label(self) -> str:
+        text = f"{self.outcome}: steps {self.resumed_from_step} to {self.last_step}"
+        if self.lost_steps:
+            text += f", {self.lost_steps} lost"
+        if self.steps_run:
+            text += f" ({self.steps_run} steps, {seconds(self.step_time_s)} of step time)"
+        return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,11 +88,23 @@ class Timeline:
     checkpoints: tuple[CheckpointMark, ...]
     progress: tuple[tuple[float, int], ...]  # (seconds, step) in time order; a retry shows as a drop
 
+    @property
+    def title(self) -> str:
+        attempts = len(self.attempts)
+        return (f"Run {self.run_id}{_mlflow(self.mlflow_run_id)}: {self.status or 'unfinished'}, "
+                f"{attempts} attempt{'s' * (attempts != 1)} in {seconds(self.wall_s)}")
+
 
 @dataclass(frozen=True, slots=True)
 class Segment:
     label: str
     seconds: float
+    share: float  # of the wall time
+
+    @property
+    def figures(self) -> str:
+        """Its seconds and share, as the parts' bars print them."""
+        return f"{seconds(self.seconds)}  ({percent(self.share)})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,28 +114,32 @@ class GoodputBreakdown:
     run_id: str
     mlflow_run_id: str
     wall_s: float
-    mean_step_s: float | None
-    goodput: float | None  # the summary's figure: productive training over wall time
+    mean_step_s: float | None  # None when no step reported a time
+    goodput: float | None  # the ledger's: productive training over wall time
     segments: tuple[Segment, ...]
 
     def seconds(self, label: str) -> float:
         return next(s.seconds for s in self.segments if s.label == label)
 
+    @property
+    def title(self) -> str:
+        step = "" if self.mean_step_s is None else f", mean step {milliseconds(self.mean_step_s)}"
+        return (f"Run {self.run_id}{_mlflow(self.mlflow_run_id)}: goodput {percent(self.goodput)} of "
+                f"{seconds(self.wall_s)}{step}")
 
-PRODUCTIVE = "productive training"
-LOST = "lost work (steps redone)"
-DETECTION = "failure detection"
-RECOVERY = "recovery (detection to next step)"
-STALLS = "checkpoint stalls"
-OTHER = "startup, shutdown and other"
+
 SEGMENTS = (PRODUCTIVE, LOST, DETECTION, RECOVERY, STALLS, OTHER)
 
 
-def _attempts(summary: dict) -> list[dict]:
-    attempts = summary.get("attempts") or []
-    if not attempts:
-        raise ValueError(f"run {summary.get('run_id')}: the summary has no attempts to draw")
-    return attempts
+def _mlflow(run_id: str) -> str:
+    return f" (MLflow {run_id})" if run_id else ""
+
+
+def as_summary(summary: RunSummary | dict) -> RunSummary:
+    summary = summary if isinstance(summary, RunSummary) else RunSummary.model_validate(summary)
+    if not summary.attempts:
+        raise ValueError(f"run {summary.run_id}: the summary has no attempts to draw")
+    return summary
 
 
 def progress_points(histories: Histories) -> list[tuple[float, int]]:
@@ -117,33 +150,35 @@ def progress_points(histories: Histories) -> list[tuple[float, int]]:
     return []
 
 
-def timeline_data(summary: dict, histories: Histories) -> Timeline:
+def timeline_data(summary: RunSummary | dict, histories: Histories) -> Timeline:
     """Attempts as spans, failure detections, recovery spans, checkpoint commits and step progress,
     on one clock that starts when the first attempt started."""
-    attempts = _attempts(summary)
-    origin = attempts[0]["started_at"]
+    summary = as_summary(summary)
+    attempts = summary.attempts
+    origin = attempts[0].started_at
     spans = [
         AttemptSpan(
-            attempt=a["attempt"],
-            outcome=a["outcome"],
-            start_s=a["started_at"] - origin,
-            end_s=a["ended_at"] - origin,
-            detected_s=None if a.get("detected_at") is None else a["detected_at"] - origin,
-            resumed_from_step=a["resumed_from_step"],
-            last_step=a.get("last_step", a["resumed_from_step"]),
-            lost_steps=a.get("lost_steps") or 0,
+            attempt=a.attempt,
+            outcome=a.outcome.value,
+            start_s=a.started_at - origin,
+            end_s=a.ended_at - origin,
+            detected_s=None if a.detected_at is None else a.detected_at - origin,
+            resumed_from_step=a.resumed_from_step,
+            last_step=a.last_step,
+            lost_steps=a.lost_steps,
+            steps_run=a.steps_run,
+            step_time_s=a.step_time_s,
         )
         for a in attempts
     ]
-    recoveries = []
-    for previous, attempt in zip(spans, spans[1:]):
-        row = next(a for a in attempts if a["attempt"] == attempt.attempt)
-        if row.get("recovery_s") is not None and previous.detected_s is not None:
-            end = previous.detected_s + row["recovery_s"]
-            recoveries.append(RecoverySpan(attempt.attempt, previous.detected_s, end))
+    recoveries = [
+        RecoverySpan(attempt.attempt, previous.detected_s, previous.detected_s + row.recovery_s)
+        for previous, attempt, row in zip(spans, spans[1:], attempts[1:])
+        if row.recovery_s is not None and previous.detected_s is not None
+    ]
 
     progress = [(t - origin, step) for t, step in progress_points(histories)]
-    kept = {c["step"] for c in summary.get("checkpoints") or []}
+    kept = {c.step for c in summary.checkpoints}
     committed: dict[int, float] = {}
     for step, _, t in histories.get("checkpoint_bytes") or []:
         committed.setdefault(int(step), t - origin)  # a step committed once; a later attempt never rewrites it
@@ -154,11 +189,11 @@ def timeline_data(summary: dict, histories: Histories) -> Timeline:
     checkpoints = tuple(CheckpointMark(step, at, step in kept) for step, at in sorted(committed.items()))
 
     return Timeline(
-        run_id=summary.get("run_id") or summary.get("mlflow_run_id") or "run",
-        mlflow_run_id=summary.get("mlflow_run_id") or "",
-        status=summary.get("status") or "",
+        run_id=summary.run_id,
+        mlflow_run_id=summary.mlflow_run_id,
+        status=summary.status,
         origin=origin,
-        wall_s=attempts[-1]["ended_at"] - origin,
+        wall_s=summary.costs.wall_s,
         attempts=tuple(spans),
         recoveries=tuple(recoveries),
         checkpoints=checkpoints,
@@ -166,54 +201,19 @@ def timeline_data(summary: dict, histories: Histories) -> Timeline:
     )
 
 
-def reported_while_training(points: list[MetricPoint], attempts: list[dict]) -> list[MetricPoint]:
-    """The points a worker reported while an attempt ran; a figure the orchestrator logs for the
-    whole run afterwards (finalize, stamped with the last attempt's end) under the same name is not one."""
-    return [p for p in points if any(a["started_at"] <= p[2] < a["ended_at"] - 0.001 for a in attempts)]
-
-
-def checkpoint_stall_s(histories: Histories, attempts: list[dict]) -> float:
-    """Time training waited for checkpoints: the runtime's own `checkpoint_stall_s` per save when it
-    reports it, else the committed snapshots' staging time. Writing, hashing and uploading run in
-    the background while training goes on, so they are not stalls."""
-    stalls = reported_while_training(histories.get("checkpoint_stall_s") or [], attempts)
-    if stalls:
-        return sum(value for _, value, _ in stalls)
-    return sum(row.get("stage_s", 0.0) for row in checkpoint_timings(histories).values())
-
-
-def goodput_breakdown(summary: dict, histories: Histories) -> GoodputBreakdown:
-    """Split the attempts' wall time (first start to last end, as the summary's goodput does) into
-    productive training, lost work, failure detection, recovery, checkpoint stalls and the rest."""
-    attempts = _attempts(summary)
-    wall = max(0.0, attempts[-1]["ended_at"] - attempts[0]["started_at"])
-    step_times = [value for _, value, _ in histories.get("step_time_s") or []]
-    mean_step = fmean(step_times) if step_times else None
-    useful_steps = max(0, (summary.get("final_step") or 0) - attempts[0]["resumed_from_step"])
-    if mean_step is not None:
-        productive = useful_steps * mean_step
-    else:  # no per-step times recorded: the summary's goodput is the same ratio
-        productive = (summary.get("goodput") or 0.0) * wall
-    lost = sum(a.get("lost_steps") or 0 for a in attempts) * (mean_step or 0.0)
-    detection = sum(a.get("detection_latency_s") or 0.0 for a in attempts if a["outcome"] != "SUCCEEDED")
-    recovery = sum(a.get("recovery_s") or 0.0 for a in attempts)
-    stalls = checkpoint_stall_s(histories, attempts)
-    accounted = productive + lost + detection + recovery + stalls
-    segments = (
-        Segment(PRODUCTIVE, productive),
-        Segment(LOST, lost),
-        Segment(DETECTION, detection),
-        Segment(RECOVERY, recovery),
-        Segment(STALLS, stalls),
-        Segment(OTHER, max(0.0, wall - accounted)),
-    )
+def goodput_breakdown(summary: RunSummary | dict) -> GoodputBreakdown:
+    """The ledger's split of the attempts' wall time: productive training, lost work, failure
+    detection, recovery, checkpoint stalls and the rest."""
+    summary = as_summary(summary)
+    ledger = RunLedger(attempts=summary.attempts, figures=summary.costs)
+    figures = summary.costs
     return GoodputBreakdown(
-        run_id=summary.get("run_id") or summary.get("mlflow_run_id") or "run",
-        mlflow_run_id=summary.get("mlflow_run_id") or "",
-        wall_s=max(wall, accounted),
-        mean_step_s=mean_step,
-        goodput=summary.get("goodput"),
-        segments=segments,
+        run_id=summary.run_id,
+        mlflow_run_id=summary.mlflow_run_id,
+        wall_s=figures.wall_s,
+        mean_step_s=figures.mean_step_time_s if figures.steps_run else None,
+        goodput=figures.goodput,
+        segments=tuple(Segment(label, value, share) for label, value, share in ledger.segments()),
     )
 
 
@@ -228,21 +228,21 @@ class AttemptCurve:
     failed_at_step: int | None  # the last step a failed attempt reached
 
 
-def curves_by_attempt(summary: dict, history: list[MetricPoint]) -> list[AttemptCurve]:
+def curves_by_attempt(summary: RunSummary | dict, history: list[MetricPoint]) -> list[AttemptCurve]:
     """Split a per-step metric (loss, step time) by the attempt that reported it, by time: a retry
     re-runs steps after its checkpoint, so the same step can appear once per attempt."""
-    attempts = _attempts(summary)
+    attempts = as_summary(summary).attempts
     curves = []
     for index, a in enumerate(attempts):
-        following = attempts[index + 1]["started_at"] if index + 1 < len(attempts) else float("inf")
-        points = sorted((step, value) for step, value, t in history if a["started_at"] <= t < following)
+        following = attempts[index + 1].started_at if index + 1 < len(attempts) else float("inf")
+        points = sorted((step, value) for step, value, t in history if a.started_at <= t < following)
         curves.append(
             AttemptCurve(
-                attempt=a["attempt"],
-                outcome=a["outcome"],
+                attempt=a.attempt,
+                outcome=a.outcome.value,
                 steps=tuple(step for step, _ in points),
                 values=tuple(value for _, value in points),
-                failed_at_step=None if a["outcome"] == "SUCCEEDED" else a.get("last_step"),
+                failed_at_step=None if a.outcome.value == "SUCCEEDED" else a.last_step,
             )
         )
     return curves

@@ -17,6 +17,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from trainflow.contracts.ledger import percent, seconds
 from trainflow.plots.data import (
     DETECTION, LOST, OTHER, PRODUCTIVE, RECOVERY, STALLS, AttemptCurve, GoodputBreakdown, Timeline,
 )
@@ -63,12 +64,11 @@ def save_png(figure: Figure, path: Path | str) -> Path:
     return path
 
 
-def _seconds(value: float) -> str:
-    return f"{value:.2f} s" if value < 10 else f"{value:.1f} s"
-
-
-def _mlflow(run_id: str) -> str:
-    return f" (MLflow {run_id})" if run_id else ""
+def figure_texts(figure: Figure) -> list[str]:
+    """Every text the figure shows (title, labels, annotations, ticks, legends), read back from it."""
+    figure.draw_without_rendering()
+    found = figure.findobj(lambda artist: hasattr(artist, "get_text") and artist.get_visible())
+    return [text for text in (artist.get_text() for artist in found) if text]
 
 
 def _clock(unix_s: float) -> str:
@@ -92,12 +92,7 @@ def draw_timeline(figure: Figure, timeline: Timeline) -> tuple[Axes, Axes]:
 
     attempts_ax.set_xlim(left=min(0.0, *(t for t, _ in timeline.progress)) if timeline.progress else 0.0,
                          right=max(timeline.wall_s, 1e-3) * 1.01)
-    attempts = len(timeline.attempts)
-    figure.suptitle(
-        f"Run {timeline.run_id}{_mlflow(timeline.mlflow_run_id)}: {timeline.status or 'unfinished'}, "
-        f"{attempts} attempt{'s' * (attempts != 1)} in {_seconds(timeline.wall_s)}",
-        fontsize=12,
-    )
+    figure.suptitle(timeline.title, fontsize=12)
     attempts_ax.set_xlabel(f"seconds since attempt 1 started ({_clock(timeline.origin)})")
     _draw_progress(steps_ax, timeline)
     _draw_attempts(attempts_ax, timeline)
@@ -129,7 +124,7 @@ def _draw_progress(ax: Axes, timeline: Timeline) -> None:
         ax.annotate(f"ckpt {mark.step}", (mark.at_s, mark.step), xytext=(8, -3), textcoords="offset points",
                     fontsize=8, color=CHECKPOINT_COLOUR, bbox=LABEL_BOX)
     for span in timeline.recoveries:
-        ax.annotate(f"recovery {_seconds(span.seconds)}", ((span.start_s + span.end_s) / 2, 1.0),
+        ax.annotate(f"recovery {seconds(span.seconds)}", ((span.start_s + span.end_s) / 2, 1.0),
                     xycoords=("data", "axes fraction"), xytext=(0, -14), textcoords="offset points",
                     ha="center", fontsize=9, color="#e65100")
     top = max([s for _, s in timeline.progress] + [a.last_step for a in timeline.attempts] + [1])
@@ -150,13 +145,7 @@ def _draw_attempts(ax: Axes, timeline: Timeline) -> None:
         ax.barh(row, width, left=attempt.start_s, height=0.6, color=colour, alpha=0.85, zorder=2)
         if attempt.detected_s is not None:
             ax.plot(attempt.detected_s, row, marker="X", ms=10, color=FAILED_COLOUR, mec="white", zorder=4)
-        text = f"{attempt.outcome}: steps {attempt.resumed_from_step} to {attempt.last_step}"
-        if attempt.lost_steps:
-            text += f", {attempt.lost_steps} lost"
-        trained = [t for t, _ in timeline.progress if attempt.start_s <= t <= attempt.end_s]
-        if trained:  # how long the attempt actually trained: readable however small on this clock
-            text += f" ({len(trained)} steps in {_seconds(trained[-1] - trained[0])})"
-        label = ax.text(attempt.start_s + pad, row, text, va="center", ha="left", fontsize=9, color="white",
+        label = ax.text(attempt.start_s + pad, row, attempt.label, va="center", ha="left", fontsize=9, color="white",
                         fontweight="bold", zorder=3)
         # inside the bar, before the failure marker, when it fits; else just after the bar
         room_until = attempt.detected_s if attempt.detected_s is not None else attempt.start_s + width
@@ -192,7 +181,7 @@ def draw_goodput(figure: Figure, breakdown: GoodputBreakdown) -> tuple[Axes, Axe
     starts = [sum(s.seconds for s in breakdown.segments[:i]) for i in range(len(breakdown.segments))]
     for left, segment in zip(starts, breakdown.segments):
         share_ax.barh(0, segment.seconds, left=left, color=SEGMENT_COLOURS[segment.label], height=0.8)
-    share_ax.set_xlim(0, wall)
+    share_ax.set_xlim(0, max(wall, sum(s.seconds for s in breakdown.segments)))
     share_ax.set_yticks([])
     share_ax.set_xlabel("seconds of wall time (first attempt's start to last attempt's end)")
 
@@ -203,23 +192,20 @@ def draw_goodput(figure: Figure, breakdown: GoodputBreakdown) -> tuple[Axes, Axe
     parts_ax.set_yticks(rows, labels)
     parts_ax.invert_yaxis()
     biggest = max(values + [1e-9])
-    for row, value in zip(rows, values):
-        parts_ax.text(value + biggest * 0.01, row, f"{_seconds(value)}  ({value / wall:.1%})", va="center", fontsize=10)
+    for row, segment in zip(rows, breakdown.segments):
+        parts_ax.text(segment.seconds + biggest * 0.01, row, segment.figures, va="center", fontsize=10)
     parts_ax.set_xlim(0, biggest * 1.22)
     parts_ax.set_xlabel("seconds")
     parts_ax.grid(axis="x", alpha=0.3)
 
-    goodput = "–" if breakdown.goodput is None else f"{breakdown.goodput:.1%}"
-    step = "" if breakdown.mean_step_s is None else f", mean step {breakdown.mean_step_s * 1e3:.1f} ms"
-    figure.suptitle(f"Run {breakdown.run_id}{_mlflow(breakdown.mlflow_run_id)}: goodput {goodput} of "
-                    f"{_seconds(breakdown.wall_s)}{step}", fontsize=12)
+    figure.suptitle(breakdown.title, fontsize=12)
 
     figure.draw_without_rendering()  # settle the layout: the labels below are measured against it
     for left, segment in zip(starts, breakdown.segments):  # names where they fit, else the share, else nothing
-        label = share_ax.text(left + segment.seconds / 2, 0, f"{segment.label}\n{segment.seconds / wall:.0%}",
+        label = share_ax.text(left + segment.seconds / 2, 0, f"{segment.label}\n{percent(segment.share)}",
                               ha="center", va="center", fontsize=9, color="white", fontweight="bold")
         if not _fits(share_ax, label, left, left + segment.seconds):
-            label.set_text(f"{segment.seconds / wall:.0%}")
+            label.set_text(percent(segment.share))
             if not _fits(share_ax, label, left, left + segment.seconds):
                 label.remove()
     return share_ax, parts_ax

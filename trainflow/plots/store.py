@@ -8,7 +8,9 @@ import tempfile
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
+from pydantic import ValidationError
 
+from trainflow.contracts import RunSummary
 from trainflow.plots.data import PLOT_METRICS, Histories
 
 PARENT_TAG = "mlflow.parentRunId"
@@ -25,13 +27,19 @@ def metric_histories(client: MlflowClient, run_id: str, keys: tuple[str, ...] = 
 
 
 def run_summary(client: MlflowClient, run_id: str) -> dict | None:
-    """The run's summary.json artifact (finalize writes it), or None for a run that never finished."""
+    """The run's summary.json artifact (finalize writes it), or None for a run that never finished
+    or one recorded before the summary carried the run ledger's figures."""
     with tempfile.TemporaryDirectory(prefix="trainflow-summary-") as folder:
         try:
             path = client.download_artifacts(run_id, "summary.json", folder)
         except Exception:  # noqa: BLE001 - MLflow raises different errors per store for a missing artifact
             return None
-        return json.loads(Path(path).read_text())
+        summary = json.loads(Path(path).read_text())
+    try:
+        RunSummary.model_validate(summary)
+    except ValidationError:
+        return None
+    return summary
 
 
 def experiment_runs(client: MlflowClient, experiment: str) -> tuple[list, list]:

@@ -20,7 +20,7 @@ from trainflow.backends.kubernetes.image import (
 )
 from trainflow.backends.kubernetes.names import IMAGE_BUILD, LABEL_COMPONENT, RunNames
 from trainflow.backends.kubernetes.owner import orchestrator_owner, owned
-from trainflow.failures import Outcome
+from trainflow.contracts import Outcome
 from trainflow.spec import RunSpec
 
 POLL_S = 5.0

@@ -16,7 +16,7 @@ import signal
 from dataclasses import dataclass
 
 from trainflow.backends.base import NodeExit
-from trainflow.failures import Outcome
+from trainflow.contracts import Outcome
 from trainflow.runtime import exit_codes
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"

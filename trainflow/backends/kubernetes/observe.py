@@ -17,7 +17,7 @@ from trainflow.backends.kubernetes.classify import (
     job_waiting,
     node_index,
 )
-from trainflow.failures import Outcome
+from trainflow.contracts import Outcome
 
 
 class PodObserver:

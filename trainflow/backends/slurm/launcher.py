@@ -32,7 +32,7 @@ from trainflow.backends.slurm.commands import JobState, SlurmError
 from trainflow.backends.slurm.links import ClusterLinks
 from trainflow.backends.slurm.node_agent import LAUNCH_FILE, exit_file, read_signal
 from trainflow.backends.worker import worker_config
-from trainflow.failures import Outcome
+from trainflow.contracts import Outcome
 from trainflow.spec import SpecError
 from trainflow.worker_config import JOB_ENV
 

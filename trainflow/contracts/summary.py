@@ -1,0 +1,53 @@
+"""The run summary: what `trainflow run --json` prints as its last line, what finalize logs as
+summary.json and what the lifecycle flow returns. Its attempts and figures are the run ledger's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from trainflow.contracts.ledger import AttemptFigures, RunFigures
+
+
+class CheckpointRow(BaseModel):
+    step: int
+    uri: str
+    verified: bool
+    committed_at: float | None = None
+
+
+class RunSummary(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    status: str  # succeeded or failed (a refused rerun never reaches a summary)
+    reason: str
+    run_id: str
+    mlflow_run_id: str
+    tracking_uri: str
+    experiment: str
+    prefect_flow_run_id: str
+    final_step: int
+    total_steps: int
+    final_loss: float | None  # rank 0's loss at the final step, as its script logged it
+    params_sha256: str | None
+    checkpoints: list[CheckpointRow]
+    snapshots_failed: list[int]
+    attempts: list[AttemptFigures]
+    stragglers: list[dict[str, Any]]
+    goodput: float | None
+    features_off: list[str]
+    costs: RunFigures
+    diagnosis: list[str]
+    plots: list[str] = []
+    # set after finalize: by teardown, by a faulted (drill) run, by a rerun
+    teardown: dict[str, Any] | None = None
+    faults: list[dict[str, Any]] | None = None
+    rerun_of: str | None = None
+    drift: list[str] | None = None
+    original_params_sha256: str | None = None
+
+    def as_json_dict(self) -> dict[str, Any]:
+        """The `--json` object: the fields that were set, JSON-typed (outcomes as their names; a
+        value JSON has no type for, in a backend's teardown report, as its text)."""
+        return self.model_dump(mode="json", exclude_unset=True, fallback=str)
