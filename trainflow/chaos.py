@@ -130,7 +130,7 @@ def _inject(plan: FaultPlan, handle: AttemptHandle, channel: StatusServer, alloc
         record.detail["skipped"] = f"the attempt ended before step {plan.at_step}"
         return record
     # a rank reports a checkpoint step before that step's save waits for the previous save; at the
-    # gate it has waited, so the fault never lands while the save before the last one is unfinished
+    # gate it has waited, so the fault never lands while the save before the step's own is unfinished
     at_gate = False
     if handle.pause_at_step == plan.at_step:
         gate = fault_gate_path(allocation.scratch, handle.attempt)

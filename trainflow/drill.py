@@ -154,7 +154,7 @@ def newest_before_fault(plan: FaultPlan, report: dict, summary: dict, fault: dic
     durable = [c["step"] for c in summary.get("checkpoints", [])
                if c.get("verified") and c["step"] <= step and f"step-{c['step']:08d}" not in damaged
                and c.get("committed_at") is not None and c["committed_at"] < injected_at]
-    finished = last_finished_save(step, every_steps, *gate_evidence(detail))
+    finished = last_finished_save(step, every_steps, report["fault_at_gate"], report["slowest_step_at_fault"])
     if plan.kind == FaultKind.corrupt_checkpoint:
         finished -= every_steps  # the newest one is the one the fault damaged
     return max([*durable, max(0, finished)])
