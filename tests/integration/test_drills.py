@@ -56,7 +56,7 @@ def test_process_faults_are_detected_recovered_and_resumed_exactly(drill_env, fa
         # one checkpoint interval: the fault at step 30 goes in once every rank has finished its
         # step-20 save, however much longer than a step (~5 ms) a save takes on a busy machine
         assert report["lost_steps"] <= 10
-        assert report["resumed_from_step"] >= report["newest_checkpoint_before_fault"] == 20
+        assert report["resumed_from_step"] >= report["newest_checkpoint_before_fault"] >= 20
     if fault in ("crash", "kill"):
         assert report["detection_latency_s"] < 5  # the target (1 s) is measured by `make bench`
     if fault == "hang":
