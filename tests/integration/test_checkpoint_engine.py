@@ -108,7 +108,7 @@ class Job:
                     heartbeat_interval_s=1.0, orchestrator_timeout_s=120, node_scratch=str(self.scratch(node)),
                     restore_prefix=restore_prefix, snapshot_every_s=self.snapshot_every_s,
                     local_tier=self.local_tier, pause_at_step=self.pause_at_step,
-                    fault_gate=str(fault_gate_path(self.home / self.run_id, self.attempts)) if self.pause_at_step else None,
+                    fault_gate=str(fault_gate_path(folder.parent, self.attempts)) if self.pause_at_step else None,
                 )
                 path = config.write(folder / f"node-{node}.json")
                 log = folder / f"node-{node}.log"
