@@ -83,6 +83,7 @@ def launch_attempt(
         pause_at_step=pause_at_step if getattr(provisioned.launcher, "shares_scratch", False) else None,
     )
     handle = provisioned.launcher.launch(spec, provisioned.allocation, plan)
+    handle.pause_at_step = plan.pause_at_step  # the drill's injector waits for every rank there
     # the node folder goes at teardown: point at where the logs are kept
     get_run_logger().info(
         "attempt %d: %d node(s) started from step %d; its logs are kept in MLflow run %s, nested run %s-attempt-%d "

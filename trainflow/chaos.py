@@ -22,7 +22,7 @@ from trainflow.backends import AttemptHandle
 from trainflow.checkpoint.catalog import list_committed
 from trainflow.checkpoint.storage import open_storage
 from trainflow.status import StatusServer
-from trainflow.worker_config import fault_gate_path
+from trainflow.worker_config import fault_gate_path, gate_arrival_path
 
 
 class FaultKind(str, Enum):
@@ -66,6 +66,10 @@ class Injection:
     detail: dict = field(default_factory=dict)
 
 
+def attempt_ended(handle: AttemptHandle) -> bool:
+    return any(proc.poll() is not None for proc in handle.processes.values())
+
+
 def wait_for_step(channel: StatusServer, handle: AttemptHandle, world_size: int, step: int, timeout_s: float) -> bool:
     """True once every rank reported `step`; False if the attempt ended or time ran out first."""
     deadline = time.monotonic() + timeout_s
@@ -73,7 +77,21 @@ def wait_for_step(channel: StatusServer, handle: AttemptHandle, world_size: int,
         status = channel.snapshot()
         if len(status.ranks) == world_size and status.min_step() >= step:
             return True
-        if any(proc.poll() is not None for proc in handle.processes.values()):
+        if attempt_ended(handle):
+            return False
+        time.sleep(0.02)
+    return False
+
+
+def wait_at_gate(gate: Path, handle: AttemptHandle, world_size: int, timeout_s: float) -> bool:
+    """True once every rank stands at the fault gate (see runtime: `_wait_for_fault`); False if
+    the attempt ended or time ran out first."""
+    arrivals = [gate_arrival_path(gate, rank) for rank in range(world_size)]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(path.exists() for path in arrivals):
+            return True
+        if attempt_ended(handle):
             return False
         time.sleep(0.02)
     return False
@@ -107,13 +125,24 @@ def open_gate(allocation, handle: AttemptHandle) -> None:
 def _inject(plan: FaultPlan, handle: AttemptHandle, channel: StatusServer, allocation, checkpoint_uri: str,
             world_size: int, timeout_s: float) -> Injection:
     record = Injection(kind=plan.kind.value)
+    deadline = time.monotonic() + timeout_s
     if not wait_for_step(channel, handle, world_size, plan.at_step, timeout_s):
         record.detail["skipped"] = f"the attempt ended before step {plan.at_step}"
         return record
+    # a rank reports a checkpoint step before that step's save waits for the previous save; at the
+    # gate it has waited, so the fault never lands while the save before the step's own is unfinished
+    at_gate = False
+    if handle.pause_at_step == plan.at_step:
+        gate = fault_gate_path(allocation.scratch, handle.attempt)
+        at_gate = wait_at_gate(gate, handle, world_size, max(0.0, deadline - time.monotonic()))
+        if not at_gate and attempt_ended(handle):
+            record.detail["skipped"] = f"the attempt ended before every rank stood at step {plan.at_step}"
+            return record
     kind = plan.kind
     status = channel.snapshot()
     record.detail["step"] = status.max_step()  # where the fastest rank is: the fault's step when gated
     record.detail["steps"] = {rank: r.step for rank, r in sorted(status.ranks.items())}
+    record.detail["at_gate"] = at_gate  # every rank had returned from its step's checkpoint call
     if kind in (FaultKind.crash, FaultKind.kill, FaultKind.hang, FaultKind.straggler):
         rank = plan.target_rank(world_size)
         pid = worker_pid(channel, rank)

@@ -134,6 +134,7 @@ def drill_report(plan: FaultPlan, summary: dict, baseline: dict, torchrun_restar
         "baseline_mlflow_run_id": baseline.get("mlflow_run_id"),
         "prefect_flow_run_id": summary.get("prefect_flow_run_id"),
     }
+    report["fault_at_gate"], report["slowest_step_at_fault"] = gate_evidence(fault.get("detail") or {})
     report["newest_checkpoint_before_fault"] = newest_before_fault(plan, report, summary, fault, every_steps)
     report["broken_rules"] = broken_rules(plan, report, every_steps)
     report["passed"] = not report["broken_rules"]
@@ -142,26 +143,45 @@ def drill_report(plan: FaultPlan, summary: dict, baseline: dict, torchrun_restar
 
 def newest_before_fault(plan: FaultPlan, report: dict, summary: dict, fault: dict, every_steps: int) -> int | None:
     """The newest step a checkpoint is known to have been committed at before the fault went in: a
-    durable one at or before the fault's step, or the save before the last one staged (a save
-    starts only once the one before it is done)."""
+    durable one at or before the fault's step, or the last save every rank had finished (see
+    `last_finished_save`)."""
     step = report["injected_at_step"]
     if step is None:
         return None
-    damaged = str((fault.get("detail") or {}).get("damaged", ""))
+    detail = fault.get("detail") or {}
+    damaged = str(detail.get("damaged", ""))
     injected_at = fault.get("injected_at") or 0.0
     durable = [c["step"] for c in summary.get("checkpoints", [])
                if c.get("verified") and c["step"] <= step and f"step-{c['step']:08d}" not in damaged
                and c.get("committed_at") is not None and c["committed_at"] < injected_at]
-    staged_before = (step // every_steps) * every_steps - every_steps
+    finished = last_finished_save(step, every_steps, report["fault_at_gate"], report["slowest_step_at_fault"])
     if plan.kind == FaultKind.corrupt_checkpoint:
-        staged_before -= every_steps  # the newest one is the one the fault damaged
-    return max([*durable, max(0, staged_before)])
+        finished -= every_steps  # the newest one is the one the fault damaged
+    return max([*durable, max(0, finished)])
 
 
-def lost_steps_limit(fault_step: int, every_steps: int) -> int:
-    """The most steps a fault at `fault_step` may cost: one checkpoint interval, plus the steps since
-    the last scheduled save began, since that save (asynchronous) may still be in flight."""
-    return every_steps + fault_step % every_steps
+def gate_evidence(detail: dict) -> tuple[bool, int | None]:
+    """From an injection's record: whether every rank stood at the fault gate, and the slowest
+    rank's reported step."""
+    steps = [int(s) for s in (detail.get("steps") or {}).values()]
+    return bool(detail.get("at_gate")), min(steps) if steps else None
+
+
+def last_finished_save(fault_step: int, every_steps: int, at_gate: bool = True, slowest_step: int | None = None) -> int:
+    """The newest scheduled save every rank had finished when the fault went in (may be negative:
+    none). A save begins only once the one before it is finished, and a rank at the fault gate has
+    begun the save of its step: the save before that one is finished. Without the gate, a rank
+    seen at step m may still be waiting in the save of step m (it reports a step, then saves it),
+    so only the saves before m's are known to have begun."""
+    begun_through = fault_step if at_gate else (fault_step if slowest_step is None else slowest_step) - 1
+    return (begun_through // every_steps) * every_steps - every_steps
+
+
+def lost_steps_limit(fault_step: int, every_steps: int, at_gate: bool = True, slowest_step: int | None = None) -> int:
+    """The most steps a fault at `fault_step` may cost: back to the last save every rank had
+    finished, one checkpoint interval plus the steps of the asynchronous save that may still be in
+    flight."""
+    return fault_step - last_finished_save(fault_step, every_steps, at_gate, slowest_step)
 
 
 def broken_rules(plan: FaultPlan, report: dict, every_steps: int) -> list[str]:
@@ -189,7 +209,9 @@ def broken_rules(plan: FaultPlan, report: dict, every_steps: int) -> list[str]:
     kind = expected or DETECTED_WITHOUT_FAILURE.get(plan.kind)
     if kind is not None and report["detected_kind"] != kind:
         broken.append(f"detected as {report['detected_kind']}, expected {kind}")
-    limit = 0 if plan.kind == FaultKind.preempt else lost_steps_limit(at if at is not None else plan.at_step, every_steps)
+    fault_step = at if at is not None else plan.at_step
+    limit = 0 if plan.kind == FaultKind.preempt else lost_steps_limit(
+        fault_step, every_steps, report["fault_at_gate"], report["slowest_step_at_fault"])
     lost_limit_applies = plan.kind not in (FaultKind.corrupt_checkpoint,) and not (
         plan.kind == FaultKind.node_loss and plan.permanent)  # a lost node's local copies are gone with it
     if lost_limit_applies and report["lost_steps"] > limit:

@@ -63,3 +63,9 @@ class WorkerConfig:
 def fault_gate_path(scratch: Path, attempt: int) -> Path:
     """The file a drill creates once its fault is in, releasing the ranks waiting at the fault's step."""
     return scratch / f"fault-gate-{attempt}"
+
+
+def gate_arrival_path(gate: Path, rank: int) -> Path:
+    """The file a rank creates once it stands at the fault gate: its step's checkpoint call has
+    returned, so the save before that one is finished (a save begins only after the one before)."""
+    return gate.with_name(f"{gate.name}.rank-{rank}")

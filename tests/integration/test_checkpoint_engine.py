@@ -35,7 +35,7 @@ from trainflow.checkpoint.catalog import step_of
 from trainflow.checkpoint.dcp_io import load_metadata
 from trainflow.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest
 from trainflow.status import StatusServer
-from trainflow.worker_config import CONFIG_ENV, JOB_ENV, WorkerConfig
+from trainflow.worker_config import CONFIG_ENV, JOB_ENV, WorkerConfig, fault_gate_path
 
 pytestmark = pytest.mark.integration
 
@@ -79,6 +79,7 @@ class Job:
     snapshot_every_s: float = 0.0
     local_tier: bool = True
     args: list[str] = field(default_factory=list)
+    pause_at_step: int | None = None  # every rank waits there until the fault gate (under home/run id) opens
     attempts: int = 0
 
     def scratch(self, node: int) -> Path:
@@ -106,7 +107,8 @@ class Job:
                     spec_hash="0" * 64, code_version="test", comm_backend="gloo", collective_timeout_s=120,
                     heartbeat_interval_s=1.0, orchestrator_timeout_s=120, node_scratch=str(self.scratch(node)),
                     restore_prefix=restore_prefix, snapshot_every_s=self.snapshot_every_s,
-                    local_tier=self.local_tier,
+                    local_tier=self.local_tier, pause_at_step=self.pause_at_step,
+                    fault_gate=str(fault_gate_path(folder.parent, self.attempts)) if self.pause_at_step else None,
                 )
                 path = config.write(folder / f"node-{node}.json")
                 log = folder / f"node-{node}.log"

@@ -53,9 +53,10 @@ def test_process_faults_are_detected_recovered_and_resumed_exactly(drill_env, fa
     if fault == "preempt":
         assert report["lost_steps"] == 0
     else:
-        # one checkpoint interval, plus the save still in flight: saves are asynchronous, and on this
-        # workload a step (~5 ms) is much shorter than a save
-        assert report["lost_steps"] <= 2 * 10
+        # one checkpoint interval: the fault at step 30 goes in once every rank has finished its
+        # step-20 save, however much longer than a step (~5 ms) a save takes on a busy machine
+        assert report["lost_steps"] <= 10
+        assert report["resumed_from_step"] >= report["newest_checkpoint_before_fault"] >= 20
     if fault in ("crash", "kill"):
         assert report["detection_latency_s"] < 5  # the target (1 s) is measured by `make bench`
     if fault == "hang":

@@ -155,3 +155,10 @@ def test_retention_refuses_to_keep_fewer_than_two(store, keep_last):
     with pytest.raises(ValueError, match="at least 2"):
         apply_retention(store, "run-a", keep_last=keep_last)
     assert len(list_committed(store)) == 2
+
+
+def test_latest_verified_of_a_run_is_its_highest_step_whatever_the_commit_clocks_say(store):
+    # a retry's rank 0 on another host whose clock is behind: its newer step looks committed earlier
+    commit(store, "run-a", 30, committed_at=200.0)
+    commit(store, "run-a", 40, committed_at=150.0)
+    assert latest_verified(store, run_id="run-a").step == 40

@@ -82,3 +82,30 @@ def test_a_failed_baseline_still_gives_a_report_that_fails():
     report = baseline_failed_report(FaultPlan(kind=FaultKind.crash, at_step=30),
                                     {"status": "failed", "reason": "rank 0 raised ValueError", "teardown": {"clean": True}})
     assert report["passed"] is False and "baseline failed" in report["broken_rules"][0]
+
+
+def gated_fault(summary_: dict, at_gate: bool) -> dict:
+    """The drill's record of a fault at step 30 with every rank seen at step 30, at the gate or not."""
+    summary_["faults"][0]["detail"] = {"step": 30, "steps": {"0": 30, "1": 30}, "at_gate": at_gate}
+    return summary_
+
+
+def test_at_the_gate_the_save_before_the_faults_own_is_committed_and_must_be_resumed():
+    # every rank stood at the gate after its step-30 checkpoint call, so the step-20 save was finished
+    older = gated_fault(summary([attempt(1, "CRASHED", 30, 0, 20), attempt(2, "SUCCEEDED", 60, 10)]), at_gate=True)
+    report = drill_report(FaultPlan(kind="crash", at_step=30), older, BASELINE, None, True, 10)
+    assert report["newest_checkpoint_before_fault"] == 20
+    assert "resumed from step 10, older than the newest checkpoint committed before the fault (step 20)" \
+        in report["broken_rules"]
+    assert "lost 20 steps, more than 10" in report["broken_rules"]
+    newest = gated_fault(summary([attempt(1, "CRASHED", 30, 0, 10), attempt(2, "SUCCEEDED", 60, 20)]), at_gate=True)
+    assert drill_report(FaultPlan(kind="crash", at_step=30), newest, BASELINE, None, True, 10)["passed"] is True
+
+
+def test_a_rank_seen_at_a_checkpoint_step_may_still_be_finishing_the_save_before_it():
+    # without the gate a rank reports step 30 before its step-30 save waits for the step-20 one: only
+    # the step-10 save is known to be finished, and a resume from it is what the run could do
+    run = gated_fault(summary([attempt(1, "CRASHED", 30, 0, 20), attempt(2, "SUCCEEDED", 60, 10)]), at_gate=False)
+    report = drill_report(FaultPlan(kind="crash", at_step=30), run, BASELINE, None, True, 10)
+    assert report["newest_checkpoint_before_fault"] == 10
+    assert report["broken_rules"] == [] and report["passed"] is True

@@ -44,6 +44,7 @@ class AttemptHandle:
     processes: dict[int, Any] = field(default_factory=dict)
     slots: list[int] = field(default_factory=list)  # the node slot each node of this attempt runs in
     workers: dict[int, list] = field(default_factory=dict)  # backend's view of each node's worker processes
+    pause_at_step: int | None = None  # drills: every rank waits at this step until the fault is in
 
 
 @dataclass(frozen=True)

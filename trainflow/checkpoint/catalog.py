@@ -73,8 +73,13 @@ def missing_or_resized(storage: Storage, checkpoint: Committed) -> list[str]:
 
 
 def latest_verified(storage: Storage, run_id: str | None = None) -> Committed | None:
-    """The newest committed checkpoint (of one run, or of any) whose files are all present."""
-    for checkpoint in reversed(list_committed(storage, run_id)):
+    """The newest committed checkpoint whose files are all present: of one run, its highest step (a
+    run's steps only move forward, whatever the clock of the host that committed each one said); of
+    any run, the latest commit."""
+    committed = list_committed(storage, run_id)
+    if run_id:
+        committed.sort(key=lambda c: c.step)
+    for checkpoint in reversed(committed):
         if not missing_or_resized(storage, checkpoint):
             return checkpoint
     return None

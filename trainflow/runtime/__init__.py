@@ -50,7 +50,7 @@ from trainflow.runtime.resources import ResourceSampler
 from trainflow.runtime.reporter import StatusReporter
 from trainflow.runtime.sharding import layout_warnings, replicated_dims
 from trainflow.runtime.state import full_params_sha256, seed_everything
-from trainflow.worker_config import WorkerConfig
+from trainflow.worker_config import WorkerConfig, gate_arrival_path
 
 __all__ = ["ResumableLoader", "Run", "init"]
 
@@ -196,6 +196,9 @@ class Run:
         step however fast the steps are. Heartbeats go on meanwhile; after FAULT_GATE_LIMIT_S, go on."""
         self._flush_progress()
         gate = Path(self.config.fault_gate)
+        # the drill injects only once every rank is here: a rank reports a checkpoint step before
+        # that step's save waits for the previous one, so a reported step alone says nothing of it
+        gate_arrival_path(gate, self.rank).write_text(str(step))
         deadline = time.monotonic() + FAULT_GATE_LIMIT_S
         while not gate.exists() and time.monotonic() < deadline:
             time.sleep(0.005)
