@@ -20,7 +20,7 @@ from prefect.settings import PREFECT_API_URL
 from pydantic import Field
 
 from trainflow.home import default_tracking_uri
-from trainflow.prefect_api import Unreachable, team_limits
+from trainflow.prefect_api import PrefectApiError, team_limits
 from trainflow.usage import GroupBy, UsageReport, build_report, compare_limits, parse_since
 from trainflow.usage_render import render_markdown
 
@@ -36,7 +36,7 @@ def usage_report_of(tracking_uri: str, by: GroupBy, since: str) -> UsageReport:
     if api and by == GroupBy.team:
         try:
             compare_limits(report, team_limits(api, [g.group for g in report.groups]))
-        except Unreachable as exc:
+        except PrefectApiError as exc:
             get_run_logger().warning("team limits not compared: %s", exc)
     return report
 

@@ -205,7 +205,7 @@ def read_trail(tracking_uri: str, run_ref: str) -> AuditTrail:
 
 def add_events(trail: AuditTrail, api: str | None) -> None:
     """The Prefect events of the run's flow run, when a server is reachable at `api`."""
-    from trainflow.prefect_api import Unreachable, flow_run_events
+    from trainflow.prefect_api import PrefectApiError, flow_run_events
 
     flow_run_id = trail.identity.get("prefect_flow_run_id")
     if not flow_run_id:
@@ -216,7 +216,7 @@ def add_events(trail: AuditTrail, api: str | None) -> None:
         return
     try:
         events = flow_run_events(api, flow_run_id, since=trail.started_at / 1000)
-    except Unreachable as exc:
+    except PrefectApiError as exc:
         trail.events_note = f"Prefect events not read: {exc}"
         return
     trail.events = [

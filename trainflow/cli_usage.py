@@ -71,7 +71,7 @@ def usage(
 
 def _compare_limits(report) -> None:
     """Each team's device limit beside its peak, when a Prefect server answers at PREFECT_API_URL."""
-    from trainflow.prefect_api import Unreachable, api_url, team_limits
+    from trainflow.prefect_api import PrefectApiError, api_url, team_limits
     from trainflow.usage import GroupBy, compare_limits
 
     api = api_url()
@@ -79,7 +79,7 @@ def _compare_limits(report) -> None:
         return
     try:
         compare_limits(report, team_limits(api, [g.group for g in report.groups]))
-    except Unreachable:
+    except PrefectApiError:
         return
 
 

@@ -15,11 +15,12 @@ from datetime import datetime, timedelta, timezone
 
 TEAM_LIMIT_PREFIX = "trainflow-team-"  # the global concurrency limit holding a team's device quota
 TIMEOUT_S = 10
-EVENT_PAGES = 10  # at most this many pages of events per flow run
+EVENT_PAGE_SIZE = 50  # the most the server returns per page
+EVENT_PAGES = 20  # at most this many pages of events per flow run
 
 
-class Unreachable(RuntimeError):
-    """No Prefect server answered."""
+class PrefectApiError(RuntimeError):
+    """No Prefect server answered, or it refused the request."""
 
 
 def api_url() -> str | None:
@@ -27,7 +28,7 @@ def api_url() -> str | None:
 
 
 def _call(url: str, body: dict | None = None):
-    """The JSON answer, None for 404; Unreachable when nothing answers."""
+    """The JSON answer, None for 404; PrefectApiError when nothing answers or the server refuses."""
     request = urllib.request.Request(
         url, method="POST" if body is not None else "GET",
         data=json.dumps(body).encode() if body is not None else None, headers={"Content-Type": "application/json"},
@@ -38,9 +39,9 @@ def _call(url: str, body: dict | None = None):
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             return None
-        raise Unreachable(f"{url}: HTTP {exc.code}") from None
+        raise PrefectApiError(f"{url}: HTTP {exc.code} {exc.read()[:300]!r}") from None
     except (OSError, ValueError) as exc:
-        raise Unreachable(f"{url}: {exc}") from None
+        raise PrefectApiError(f"{url}: {exc}") from None
 
 
 def team_limits(api: str, teams: list[str]) -> dict[str, int]:
@@ -66,7 +67,7 @@ def flow_run_events(api: str, flow_run_id: str, since: float) -> list[dict]:
             "occurred": {"since": _iso(since - 3600), "until": (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat()},
             "order": "ASC",
         },
-        "limit": 200,
+        "limit": EVENT_PAGE_SIZE,
     }
     page = _call(f"{api.rstrip('/')}/events/filter", body) or {}
     events = list(page.get("events", []))
