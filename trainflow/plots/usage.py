@@ -32,6 +32,7 @@ def render_usage(report: UsageReport, path: Path | str) -> Path:
     for x, group in zip(positions, groups):
         ax.annotate(f"{group.device_hours:.3g} h, {group.wasted_share:.0%} wasted", (x, group.device_hours),
                     xytext=(0, 4), textcoords="offset points", ha="center", fontsize=9, bbox=LABEL_BOX)
+    ax.set_ylim(0, max([g.device_hours for g in groups] + [1e-6]) * 1.15)  # room for the labels above the bars
     ax.set_xticks(list(positions), labels, fontsize=9)
     ax.set_ylabel("device-hours")
     ax.set_xlabel(report.by.value)
