@@ -64,7 +64,7 @@ def rerun_training(
     if drift and not allow_drift:
         message = refusal(recorded, drift)
         return Failed(message=message, data={"status": "refused", "reason": message, "drift": drift})
-    with rerunning(Lineage(rerun_of=mlflow_run_id, drift=tuple(drift))):
+    with rerunning(Lineage(rerun_of=mlflow_run_id, drift=tuple(drift), allow_drift=allow_drift)):
         state = training_lifecycle(recorded.spec, return_state=True)
     summary = state.result(raise_on_failure=False)
     if not isinstance(summary, dict):

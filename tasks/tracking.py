@@ -6,14 +6,32 @@ import time
 import uuid
 
 from prefect import get_client, get_run_logger
-from prefect.runtime import flow_run
+from prefect.runtime import deployment, flow_run
 
 from tasks import lifecycle_task
 from tasks.records import RunRecord
+from trainflow.audit import origin_tags
 from trainflow.rerun import DRIFT_ARTIFACT, code_snapshot, current_lineage
 from trainflow.spec import RunSpec
 from trainflow.tracking import Tracker, spec_params, tracking_uri_for
 from trainflow.workload_mode import features_off
+
+
+def deployment_name() -> str | None:
+    """The Prefect deployment this flow run (or the flow run it is a subflow of) was started from."""
+    try:
+        if deployment.name:
+            return deployment.name
+        parent = flow_run.parent_deployment_id  # a lifecycle inside a deployment's rerun flow
+        if not parent:
+            return None
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            return client.read_deployment(parent).name
+    except Exception as exc:  # noqa: BLE001 - the audit tags say "flow" rather than fail the run
+        get_run_logger().warning("could not read the flow run's deployment: %s: %s", type(exc).__name__, exc)
+        return None
 
 
 def new_run_id(spec: RunSpec) -> str:
@@ -53,6 +71,7 @@ def start_tracking(spec: RunSpec, resume: bool, run_id: str) -> RunRecord:
             "features_off": ",".join(features_off(spec)) or "none",
             **code_snapshot(spec),  # what a rerun compares besides the environment fingerprint
             **(lineage.tags() if lineage else {}),
+            **origin_tags(deployment_name()),  # who launched it, from where (trainflow audit)
         },
     )
     tracker.log_params(mlflow_run_id, spec_params(spec))

@@ -16,6 +16,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from trainflow.audit import VIA_CLI, launched_via
+from trainflow.cli_usage import register as register_reports
 from trainflow.prefect_server import (
     STARTUP_TIMEOUT_ENV, STARTUP_TIMEOUT_S, ServerError, TemporaryServer, startup_timeout_s,
 )
@@ -55,7 +57,7 @@ def orchestrating():
     # should Prefect start a temporary server of its own after all, a busy host gets time to start it
     os.environ.setdefault(STARTUP_TIMEOUT_ENV, str(STARTUP_TIMEOUT_S))
     _stop_on_sigterm()
-    with _exit_on_signal(), _prefect_api():
+    with _exit_on_signal(), _prefect_api(), launched_via(VIA_CLI):
         yield
 
 
@@ -424,6 +426,9 @@ def bench_checkpoint(
     typer.echo(render(figures))
     if as_json:
         typer.echo(json.dumps(figures))
+
+
+register_reports(app)  # trainflow usage, trainflow audit
 
 
 def main() -> None:

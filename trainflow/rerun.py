@@ -198,9 +198,11 @@ class Lineage:
 
     rerun_of: str
     drift: tuple[str, ...] = ()
+    allow_drift: bool = False  # started with --allow-drift (allow_drift=true), whether or not it drifted
 
     def tags(self) -> dict[str, str]:
-        return {"rerun_of": self.rerun_of, "rerun_drift": "true" if self.drift else "false"}
+        return {"rerun_of": self.rerun_of, "rerun_drift": "true" if self.drift else "false",
+                "rerun_allow_drift": str(self.allow_drift).lower()}
 
 
 _LINEAGE: contextvars.ContextVar[Lineage | None] = contextvars.ContextVar("trainflow_lineage", default=None)

@@ -224,6 +224,43 @@ def test_rerun_deployment_repeats_the_faulted_run_bit_for_bit(deployed, train_ru
     assert "rerun_drift" in rerun.data.tags
     assert rerun.data.tags["spec_hash"] == original.data.tags["spec_hash"]
     assert rerun.data.tags["params_sha256"] == original.data.tags["params_sha256"]
+    # the lifecycle is a subflow of the rerun flow: it names the deployment its parent was started from
+    assert (rerun.data.tags["launched_via"], rerun.data.tags["prefect_deployment"]) == ("deployment", "rerun")
+    assert rerun.data.tags["rerun_allow_drift"] == "true"
+
+
+def test_audit_of_a_deployment_run_names_the_deployment_and_its_events(deployed, train_run):
+    flow_run_id = train_run["flow_run"]["id"]
+    _, run = mlflow_run_of(deployed, flow_run_id)
+    events_of(deployed["api"], flow_run_id, until="trainflow.run.succeeded")  # stored by the server by now
+    result = run_cli(["audit", run.info.run_id, "--tracking-uri", f"sqlite:///{deployed['home'] / 'mlflow.db'}", "--json"],
+                     prefect_env(deployed["api"]))
+    assert result.returncode == 0, result.stderr[-3000:]
+    trail = json.loads(result.stdout.strip().splitlines()[-1])
+    assert trail["origin"]["launched_via"] == "deployment" and trail["origin"]["prefect_deployment"] == "train"
+    assert trail["origin"]["launched_by_user"] and trail["origin"]["launched_from_host"]
+    assert trail["identity"]["prefect_flow_run_id"] == flow_run_id
+    assert [a["outcome"] for a in trail["attempts"]] == ["CRASHED", "SUCCEEDED"]
+    events = [e["event"] for e in trail["events"]]
+    assert "prefect.flow-run.Running" in events and "trainflow.run.succeeded" in events, events
+
+
+def test_usage_report_deployment_publishes_the_usage_table(deployed, train_run):
+    found = deployment(deployed["api"], "usage-report", "usage-report")
+    [schedule] = found["schedules"]
+    assert (schedule["schedule"]["cron"], schedule["active"]) == ("0 6 * * 1", True)
+    flow_run = run_deployment(deployed, "usage-report", {"by": "experiment", "since": "1d"}, flow="usage-report")
+    assert flow_run["state"]["type"] == "COMPLETED", (flow_run["state"], deployed["log"].read_text()[-4000:])
+    [artifact] = api_json(deployed["api"], "POST", "/artifacts/filter",
+                          {"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}, "type": {"any_": ["markdown"]}}})
+    assert artifact["key"] == "usage-report"
+    client = MlflowClient(f"sqlite:///{deployed['home'] / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("deployments")
+    lifecycles = [r for r in client.search_runs([experiment.experiment_id]) if "mlflow.parentRunId" not in r.data.tags]
+    hours = sum(r.data.metrics["device_hours"] for r in lifecycles)
+    [row] = [line for line in artifact["data"].splitlines() if line.startswith("| deployments |")]
+    assert f"| {len(lifecycles)} |" in row and f"| {hours:.4f} |" in row and "CRASHED" in row, row
+    assert "data:image/png;base64," in artifact["data"]
 
 
 class Webhook(http.server.BaseHTTPRequestHandler):

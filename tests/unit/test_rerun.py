@@ -111,8 +111,9 @@ def test_reruns_carry_their_lineage_only_inside_the_block():
     with rerunning(lineage):
         assert current_lineage() is lineage
     assert current_lineage() is None
-    assert lineage.tags() == {"rerun_of": "abc", "rerun_drift": "true"}
+    assert lineage.tags() == {"rerun_of": "abc", "rerun_drift": "true", "rerun_allow_drift": "false"}
     assert Lineage(rerun_of="abc").tags()["rerun_drift"] == "false"
+    assert Lineage(rerun_of="abc", drift=lineage.drift, allow_drift=True).tags()["rerun_allow_drift"] == "true"
 
 
 def test_code_snapshot_hashes_the_script_and_the_uncommitted_changes(tmp_path, monkeypatch):

@@ -1,0 +1,79 @@
+"""Read-only calls to the Prefect REST API at PREFECT_API_URL, for reports that work without one:
+a team's device limit (a global concurrency limit) and the events about a flow run.
+
+Plain HTTP, not the Prefect client: reports run outside any flow and must not start a server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from datetime import datetime, timedelta, timezone
+
+TEAM_LIMIT_PREFIX = "trainflow-team-"  # the global concurrency limit holding a team's device quota
+TIMEOUT_S = 10
+EVENT_PAGE_SIZE = 50  # the most the server returns per page
+EVENT_PAGES = 20  # at most this many pages of events per flow run
+
+
+class PrefectApiError(RuntimeError):
+    """No Prefect server answered, or it refused the request."""
+
+
+def api_url() -> str | None:
+    return os.environ.get("PREFECT_API_URL") or None
+
+
+def _call(url: str, body: dict | None = None):
+    """The JSON answer, None for 404; PrefectApiError when nothing answers or the server refuses."""
+    request = urllib.request.Request(
+        url, method="POST" if body is not None else "GET",
+        data=json.dumps(body).encode() if body is not None else None, headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+            return json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise PrefectApiError(f"{url}: HTTP {exc.code} {exc.read()[:300]!r}") from None
+    except (OSError, ValueError) as exc:
+        raise PrefectApiError(f"{url}: {exc}") from None
+
+
+def team_limits(api: str, teams: list[str]) -> dict[str, int]:
+    """Each team's device limit where a `trainflow-team-<team>` limit exists."""
+    limits = {}
+    for team in teams:
+        found = _call(f"{api.rstrip('/')}/v2/concurrency_limits/{urllib.parse.quote(TEAM_LIMIT_PREFIX + team)}")
+        if found is not None:
+            limits[team] = int(found["limit"])
+    return limits
+
+
+def _iso(unix_s: float) -> str:
+    return datetime.fromtimestamp(unix_s, timezone.utc).isoformat()
+
+
+def flow_run_events(api: str, flow_run_id: str, since: float) -> list[dict]:
+    """Every event about the flow run or naming it as related (its task runs, trainflow's events),
+    oldest first."""
+    body = {
+        "filter": {
+            "any_resource": {"id": [f"prefect.flow-run.{flow_run_id}"]},
+            "occurred": {"since": _iso(since - 3600), "until": (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat()},
+            "order": "ASC",
+        },
+        "limit": EVENT_PAGE_SIZE,
+    }
+    page = _call(f"{api.rstrip('/')}/events/filter", body) or {}
+    events = list(page.get("events", []))
+    for _ in range(EVENT_PAGES - 1):
+        if not page.get("next_page"):
+            break
+        page = _call(page["next_page"]) or {}
+        events += page.get("events", [])
+    return events
