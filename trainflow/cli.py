@@ -19,6 +19,8 @@ import typer
 from trainflow.prefect_server import (
     STARTUP_TIMEOUT_ENV, STARTUP_TIMEOUT_S, ServerError, TemporaryServer, startup_timeout_s,
 )
+from trainflow.cli_quota import quota_app, quota_problem
+from trainflow.quota import TEMPORARY_SERVER_ENV
 from trainflow.spec import SpecError, load_spec
 
 EXIT_FAILED = 1
@@ -98,6 +100,7 @@ def _prefect_api():
         raise typer.Exit(EXIT_FAILED) from None
     # in the environment before prefect is imported, so every thread it starts sees this server
     os.environ["PREFECT_API_URL"] = server.api_url
+    os.environ[TEMPORARY_SERVER_ENV] = "1"  # team quotas need the server the runs share
     try:
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -106,6 +109,7 @@ def _prefect_api():
     finally:
         _drain_prefect_workers()
         os.environ.pop("PREFECT_API_URL", None)
+        os.environ.pop(TEMPORARY_SERVER_ENV, None)
         server.stop()
 
 
@@ -139,6 +143,9 @@ def run(
     with orchestrating():
         from flows.lifecycle import training_lifecycle
 
+        problem = quota_problem(spec)
+        if problem:
+            fail_input(problem)
         with live_progress():
             state = training_lifecycle(spec, resume=resume, return_state=True)
     finish(state, as_json)
@@ -212,6 +219,8 @@ def rerun(
                                    return_state=True)
     finish(state, as_json)
 
+
+app.add_typer(quota_app, name="quota")
 
 automation_app = typer.Typer(no_args_is_help=True, help="Prefect automations for trainflow's events.")
 app.add_typer(automation_app, name="automation")
@@ -398,6 +407,9 @@ def print_summary(summary: dict) -> None:
         )
     if summary["checkpoints"]:
         echo(f"  latest checkpoint: {summary['checkpoints'][-1]['uri']}")
+    if summary.get("quota"):
+        quota = summary["quota"]
+        echo(f"  quota {quota['limit']}: held {quota['devices']} devices, queued {quota['waited_s']:.0f} s")
     echo(f"  teardown: {'clean' if summary['teardown']['clean'] else 'SURVIVORS ' + str(summary['teardown']['survivors'])}")
     echo(f"  MLflow: mlflow ui --backend-store-uri {summary['tracking_uri']}  (run {summary['mlflow_run_id']})")
     echo(f"  Prefect: flow run {summary['prefect_flow_run_id']}")
