@@ -60,29 +60,47 @@ def wait_for_quota(spec: RunSpec, record: RunRecord) -> HeldQuota | None:
     problem = need.too_large(limit.devices)
     if problem:
         raise QuotaError(problem)
+    lease = None
+    try:
+        lease, held_when_queued = _take_when_free(need, record, logger)
+        logger.info(acquired_line(need, limit.devices, held_when_queued, lease.waited_s))
+        Tracker(record.tracking_uri).log_metric(record.mlflow_run_id, "quota_wait_s", round(lease.waited_s, 3))
+        held = HeldQuota(run_id=record.run_id, lease=lease)
+        held.renewer = threading.Thread(target=_renew_until_stopped, args=(held, logger), daemon=True,
+                                        name=f"quota-lease-{lease.lease_id[:8]}")
+        held.renewer.start()
+        return held
+    except BaseException:  # a failed MLflow write, Ctrl-C: the run stops before it holds anything
+        if lease is not None:
+            _give_back(lease, record.run_id)
+        raise
+
+
+def _take_when_free(need: QuotaNeed, record: RunRecord, logger) -> tuple[QuotaLease, int | None]:
+    """The lease once the limit has room, and how many devices were held when the run first had
+    to queue (None: it did not)."""
     holder = UUID(record.prefect_flow_run_id) if record.prefect_flow_run_id else None
     started = time.monotonic()
-    held_when_queued = None
-    while True:
-        with signals_deferred():  # a lease taken is also written down, so a later run can give it back
-            lease_id = quota_api.try_acquire(need.limit, need.devices, holder)
-            if lease_id is not None:
-                lease = QuotaLease(need.limit, need.devices, lease_id, time.monotonic() - started)
-                write_lease_file(record.run_id, lease)
-                break
-        if held_when_queued is None:
-            current = quota_api.read_limit(need.limit)
-            held_when_queued = current.held if current else 0
-            logger.warning("%s; waiting until the team's runs give devices back", queued_line(need, held_when_queued,
-                                                                                              limit.devices))
-        time.sleep(POLL_S)
-    logger.info(acquired_line(need, limit.devices, held_when_queued, lease.waited_s))
-    Tracker(record.tracking_uri).log_metric(record.mlflow_run_id, "quota_wait_s", round(lease.waited_s, 3))
-    held = HeldQuota(run_id=record.run_id, lease=lease)
-    held.renewer = threading.Thread(target=_renew_until_stopped, args=(held, logger), daemon=True,
-                                    name=f"quota-lease-{lease_id[:8]}")
-    held.renewer.start()
-    return held
+    held_when_queued = lease = None
+    while lease is None:
+        try:
+            with signals_deferred():  # a lease taken is also written down, so a later run can give it back
+                lease_id = quota_api.try_acquire(need.limit, need.devices, holder)
+                if lease_id is not None:
+                    lease = QuotaLease(need.limit, need.devices, lease_id, time.monotonic() - started)
+                    write_lease_file(record.run_id, lease)
+        except BaseException:  # a signal held back while the lease was taken arrives as the block ends
+            if lease is not None:
+                _give_back(lease, record.run_id)
+            raise
+        if lease is None:
+            if held_when_queued is None:
+                current = quota_api.read_limit(need.limit)
+                held_when_queued = current.held if current else 0
+                logger.warning("%s; waiting until the team's runs give devices back",
+                               queued_line(need, held_when_queued, current.devices if current else 0))
+            time.sleep(POLL_S)
+    return lease, held_when_queued
 
 
 @lifecycle_task(name="release quota")
@@ -101,6 +119,11 @@ def release_quota(held: HeldQuota) -> None:
         return
     remove_lease_file(held.run_id)
     logger.info("quota %s: %d devices given back", held.lease.limit, held.lease.devices)
+
+
+def _give_back(lease: QuotaLease, run_id: str) -> None:
+    quota_api.release(lease.lease_id)
+    remove_lease_file(run_id)
 
 
 def give_back_dead_holders(logger) -> None:

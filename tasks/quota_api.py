@@ -13,6 +13,7 @@ from prefect.exceptions import ObjectNotFound
 from trainflow.quota import LIMIT_PREFIX, QuotaError
 
 HTTP_LOCKED = 423
+HTTP_UNPROCESSABLE = 422
 LEASE_S = 60.0  # an orchestrator that stops renewing (it died) frees its slots this long after
 
 
@@ -84,6 +85,8 @@ def try_acquire(name: str, devices: int, holder_id: UUID | None) -> str | None:
         except HTTPStatusError as exc:
             if exc.response.status_code == HTTP_LOCKED:
                 return None
+            if exc.response.status_code == HTTP_UNPROCESSABLE:  # the limit was made smaller meanwhile
+                raise QuotaError(f"quota {name} is now smaller than the {devices} devices the run needs") from None
             raise
     return response.json()["lease_id"]
 

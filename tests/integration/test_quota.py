@@ -118,6 +118,7 @@ def test_quota_set_list_delete_and_bad_input(cli_env):
     assert no_server.returncode == 2 and "PREFECT_API_URL" in no_server.stderr
 
 
+@pytest.mark.timeout(900)  # four runs, three of them one after another, on a shared 2-core machine
 def test_a_teams_runs_queue_for_its_quota_while_another_team_runs(cli_env, prefect_api, tmp_path, kill_on_exit):
     vision, speech = team_name("vision"), team_name("speech")
     for team in (vision, speech):
@@ -161,6 +162,7 @@ def test_a_teams_runs_queue_for_its_quota_while_another_team_runs(cli_env, prefe
     assert held(cli_env, vision) == 0 and held(cli_env, speech) == 0
 
 
+@pytest.mark.timeout(900)  # five runs, one after another
 def test_slots_come_back_after_failure_sigterm_and_a_dead_orchestrator(cli_env, tmp_path, kill_on_exit):
     team = team_name("robotics")
     assert run_cli(["quota", "set", team, "--devices", "2"], cli_env).returncode == 0
@@ -176,9 +178,13 @@ def test_slots_come_back_after_failure_sigterm_and_a_dead_orchestrator(cli_env, 
     kill_on_exit.append(stopped)
     wait_until((tmp_path / "stopped" / "paused").exists, "the run training", [stopped])
     assert held(cli_env, team) == 2
-    os.killpg(stopped.pid, signal.SIGTERM)  # what a Prefect worker sends a flow run it cancels
-    assert stopped.wait(DEADLINE_S) == 128 + signal.SIGTERM
-    assert held(cli_env, team) == 0
+    queued = start_run(cli_env, tmp_path, "queued", *team_args(team), *SHORT)
+    kill_on_exit.append(queued)
+    wait_until(lambda: f"queued for quota trainflow-team-{team}" in stderr_of(queued), "the queued run", [queued])
+    for proc in (queued, stopped):  # SIGTERM: what a Prefect worker sends a flow run it cancels
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(DEADLINE_S) == 128 + signal.SIGTERM
+        assert held(cli_env, team) == (2 if proc is queued else 0)  # the queued run took nothing
 
     dead = start_run(cli_env, tmp_path, "dead", *team_args(team), *paused_args(tmp_path / "dead"))
     kill_on_exit.append(dead)
