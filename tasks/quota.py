@@ -1,4 +1,4 @@
-"""wait for quota / release quota: a run holds its team's devices from before provision until after teardown.
+"""wait-for-quota / release-quota: a run holds its team's devices from before provision until after teardown.
 
 A run that would take its team past its limit waits here, saying so in its log (the Prefect UI and
 `trainflow run`'s output) and recording how long in MLflow (`quota_wait_s`).
@@ -43,7 +43,7 @@ class HeldQuota:
         return {"limit": self.lease.limit, "devices": self.lease.devices, "waited_s": round(self.lease.waited_s, 1)}
 
 
-@lifecycle_task(name="wait for quota")
+@lifecycle_task(name="wait-for-quota")
 def wait_for_quota(spec: RunSpec, record: RunRecord) -> HeldQuota | None:
     """Take the run's devices from its team's quota, waiting while the team's other runs hold it;
     None when the team is not limited."""
@@ -103,7 +103,7 @@ def _take_when_free(need: QuotaNeed, record: RunRecord, logger) -> tuple[QuotaLe
     return lease, held_when_queued
 
 
-@lifecycle_task(name="release quota")
+@lifecycle_task(name="release-quota")
 def release_quota(held: HeldQuota) -> None:
     """Give the run's devices back to its team."""
     held.stop.set()
