@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
 import typer
@@ -40,6 +42,19 @@ def _api():
     return quota_api
 
 
+@contextmanager
+def _server_answers() -> Iterator[None]:
+    """Bad input exits 2; a server that cannot be reached or refuses exits 1, saying which."""
+    import httpx
+
+    try:
+        yield
+    except QuotaError as exc:
+        _fail(str(exc))
+    except httpx.HTTPError as exc:
+        _fail(f"quota: the Prefect server at {os.environ.get('PREFECT_API_URL')} did not answer: {exc}", EXIT_FAILED)
+
+
 @quota_app.command("set")
 def quota_set(
     team: Annotated[str, typer.Argument(metavar="TEAM", help="The team (its runs' tracking.tags.team).")],
@@ -48,10 +63,8 @@ def quota_set(
     """Create or resize a team's quota (a global concurrency limit named trainflow-team-TEAM)."""
     _server_needed()
     name = _team_limit(team)
-    try:
+    with _server_answers():
         _api().set_limit(name, devices)
-    except QuotaError as exc:
-        _fail(str(exc))
     typer.echo(f"quota {name}: {devices} devices")
 
 
@@ -61,7 +74,8 @@ def quota_list(
 ) -> None:
     """Every team quota: its limit and the devices its runs hold now."""
     _server_needed()
-    limits = _api().list_limits()
+    with _server_answers():
+        limits = _api().list_limits()
     if as_json:
         typer.echo(json.dumps([{"team": limit.team, "limit": limit.name, "devices": limit.devices,
                                 "held": limit.held, "active": limit.active} for limit in limits]))
@@ -80,7 +94,9 @@ def quota_delete(team: Annotated[str, typer.Argument(metavar="TEAM", help="The t
     """Remove a team's quota: its runs are no longer limited."""
     _server_needed()
     name = _team_limit(team)
-    if not _api().delete_limit(name):
+    with _server_answers():
+        deleted = _api().delete_limit(name)
+    if not deleted:
         _fail(f"quota {name}: there is no such quota (trainflow quota list)")
     typer.echo(f"quota {name} deleted: team {team} is unlimited")
 
