@@ -28,6 +28,8 @@ run: $(STAMP)
 # start`); their runs execute in this checkout once a worker serves the pool (see README).
 deploy: $(STAMP)
 	$(PREFECT) work-pool inspect trainflow-local >/dev/null 2>&1 || $(PREFECT) work-pool create trainflow-local --type process
+	$(PREFECT) work-queue inspect production --pool trainflow-local >/dev/null 2>&1 || $(PREFECT) work-queue create production --pool trainflow-local --priority 1
+	$(PREFECT) work-queue inspect research --pool trainflow-local >/dev/null 2>&1 || $(PREFECT) work-queue create research --pool trainflow-local --priority 2
 	PWD=$(CURDIR) $(PREFECT) --no-prompt deploy --all
 
 test: $(STAMP)

@@ -1,8 +1,9 @@
 """The training lifecycle: one flow run carries a distributed job from spec to teardown.
 
-    validate -> track -> provision -> prepare image -> attempt k: launch, watch (snapshot each
-    commit), release, classify -> retry branch: back off, replace or exclude the failed node,
-    resume from the latest verified checkpoint -> finalize -> teardown (always)
+    validate -> track -> wait for quota -> provision -> prepare image -> attempt k: launch, watch
+    (snapshot each commit), release, classify -> retry branch: back off, replace or exclude the
+    failed node, resume from the latest verified checkpoint -> finalize -> teardown and release
+    quota (always)
 
 Run it with `trainflow run SPEC`, from a deployment, or directly: `python -m flows.lifecycle SPEC`.
 """
@@ -24,6 +25,7 @@ from tasks.finalize import finalize
 from tasks.image import prepare_image
 from tasks.launch import choose_retry_point, find_resume_point, launch_attempt
 from tasks.provision import provision
+from tasks.quota import release_quota, wait_for_quota
 from tasks.reporting import report_attempt, report_checkpoint, report_run, start_report
 from tasks.snapshot import snapshot_checkpoint
 from tasks.teardown import teardown
@@ -52,11 +54,12 @@ def faulted_lifecycle(spec: RunSpec, chaos: list[FaultPlan]):
 def lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None = None):
     spec = validate_spec(spec)
     run_id = new_run_id(spec)
-    record = provisioned = handle = summary = None
+    record = provisioned = handle = summary = quota = None
     stopped_by = None
     try:
         record = start_tracking(spec, resume, run_id)
         start_report(spec, record)
+        quota = wait_for_quota(spec, record)  # held from here until after teardown
         provisioned = provision(spec, record)
         environment = prepare_image(spec, record, provisioned)
         start_point = find_resume_point(spec) if resume else None
@@ -92,9 +95,14 @@ def lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None = None)
         raise
     finally:
         with teardown_not_interrupted():
-            released = teardown(spec, run_id, record, provisioned, handle, finalized=summary is not None,
-                                stopped_by=stopped_by)
+            try:
+                released = teardown(spec, run_id, record, provisioned, handle, finalized=summary is not None,
+                                    stopped_by=stopped_by)
+            finally:
+                if quota is not None:
+                    release_quota(quota)
     summary["teardown"] = released
+    summary["quota"] = quota.as_dict() if quota else None
     report_run(spec, record, summary)
     if summary["status"] == "succeeded":
         return Completed(message=f"finished at step {summary['final_step']}", data=summary)

@@ -21,6 +21,8 @@ from trainflow.cli_usage import register as register_reports
 from trainflow.prefect_server import (
     STARTUP_TIMEOUT_ENV, STARTUP_TIMEOUT_S, ServerError, TemporaryServer, startup_timeout_s,
 )
+from trainflow.cli_quota import quota_app, quota_problem
+from trainflow.quota import TEMPORARY_SERVER_ENV
 from trainflow.spec import SpecError, load_spec
 
 EXIT_FAILED = 1
@@ -100,6 +102,7 @@ def _prefect_api():
         raise typer.Exit(EXIT_FAILED) from None
     # in the environment before prefect is imported, so every thread it starts sees this server
     os.environ["PREFECT_API_URL"] = server.api_url
+    os.environ[TEMPORARY_SERVER_ENV] = "1"  # team quotas need the server the runs share
     try:
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -108,6 +111,7 @@ def _prefect_api():
     finally:
         _drain_prefect_workers()
         os.environ.pop("PREFECT_API_URL", None)
+        os.environ.pop(TEMPORARY_SERVER_ENV, None)
         server.stop()
 
 
@@ -141,6 +145,9 @@ def run(
     with orchestrating():
         from flows.lifecycle import training_lifecycle
 
+        problem = quota_problem(spec)
+        if problem:
+            fail_input(problem)
         with live_progress():
             state = training_lifecycle(spec, resume=resume, return_state=True)
     finish(state, as_json)
@@ -216,6 +223,8 @@ def rerun(
                                    return_state=True)
     finish(state, as_json)
 
+
+app.add_typer(quota_app, name="quota")
 
 automation_app = typer.Typer(no_args_is_help=True, help="Prefect automations for trainflow's events.")
 app.add_typer(automation_app, name="automation")

@@ -64,6 +64,8 @@ def closing_lines(summary: RunSummary | dict, prefect_ui_url: str | None) -> lis
     lines.append(f"  goodput {percent(s.goodput)}")
     if s.checkpoints:
         lines.append(f"  latest checkpoint: {s.checkpoints[-1].uri}")
+    if s.quota is not None:
+        lines.append(f"  quota {s.quota.limit}: held {s.quota.devices} devices, queued {s.quota.waited_s:.0f} s")
     if s.teardown is not None:
         clean = s.teardown.get("clean")
         lines.append(f"  teardown: {'clean' if clean else 'SURVIVORS ' + str(s.teardown.get('survivors'))}")

@@ -83,6 +83,16 @@ def test_every_deployment_runs_this_checkout_through_the_local_pool(deployed):
     assert api_json(api, "GET", f"/work_pools/{POOL}")["type"] == "process"
 
 
+def test_production_runs_are_taken_before_research_runs(deployed):
+    api = deployed["api"]
+    queues = api_json(api, "POST", f"/work_pools/{POOL}/queues/filter", {})
+    priority = {queue["name"]: queue["priority"] for queue in queues}
+    assert priority["production"] == 1 and priority["research"] == 2, priority
+    assert deployment(api, "train-nightly")["work_queue_name"] == "production"
+    for flow, name in [("training-lifecycle", "train"), ("rerun", "rerun"), ("fault-drill", "drill")]:
+        assert deployment(api, name, flow)["work_queue_name"] == "research"
+
+
 def test_the_kubernetes_pool_is_made_from_the_referenced_base_job_template(deployed):
     definitions = yaml.safe_load((ROOT / "prefect.yaml").read_text())["definitions"]
     pool = definitions["work_pools"]["kubernetes"]["name"]

@@ -107,7 +107,7 @@ def test_each_stage_is_a_prefect_task_run(first_run, prefect_api):
     with urllib.request.urlopen(request) as response:
         task_runs = json.loads(response.read())
     names = {t["name"].rsplit("-", 1)[0] if t["name"][-1].isalnum() else t["name"] for t in task_runs}
-    for stage in ["validate-spec", "provision", "prepare-image", "launch-attempt", "watch-attempt",
+    for stage in ["validate-spec", "wait-for-quota", "provision", "prepare-image", "launch-attempt", "watch-attempt",
                   "snapshot-step", "release-attempt", "finalize", "teardown"]:
         assert any(n.startswith(stage) for n in names), (stage, names)
     assert all(t["state"]["type"] == "COMPLETED" for t in task_runs)

@@ -14,6 +14,9 @@ PLURALS = {
     "LocalQueue": "localqueues",
 }
 BUILT_IN_APIS = {("v1", k) for k in ("Pod", "Service", "ConfigMap", "Secret", "ResourceQuota")} | {("batch/v1", "Job")}
+# Kueue as a cluster serves it: the current API (Kueue >= 0.15), the old one (< 0.20), or give neither
+KUEUE_V1BETA2 = ("kueue.x-k8s.io/v1beta2", "LocalQueue")
+KUEUE_V1BETA1 = ("kueue.x-k8s.io/v1beta1", "LocalQueue")
 
 
 def group_of(api_version: str) -> str:
@@ -100,6 +103,13 @@ class FakeCluster:
         meta = doc["metadata"]
         self.objects[(doc["kind"], meta["namespace"], meta["name"])] = copy.deepcopy(doc)
         return doc
+
+    def add_local_queue(self, name: str, namespace: str = "trainflow") -> dict:
+        """A LocalQueue in the newest Kueue API this cluster serves."""
+        api_version = next(api for api, _ in (KUEUE_V1BETA2, KUEUE_V1BETA1) if (api, "LocalQueue") in self.apis)
+        return self.add({"apiVersion": api_version, "kind": "LocalQueue",
+                         "metadata": {"name": name, "namespace": namespace},
+                         "spec": {"clusterQueue": "trainflow"}})
 
     def of_kind(self, kind: str) -> list[dict]:
         return [doc for (k, _, _), doc in sorted(self.objects.items()) if k == kind]

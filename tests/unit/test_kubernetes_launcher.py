@@ -12,7 +12,7 @@ import yaml
 
 from tests.conftest import ROOT
 from tests.kubernetes import pod_statuses as s
-from tests.kubernetes.fake_cluster import FakeCluster
+from tests.kubernetes.fake_cluster import KUEUE_V1BETA2, FakeCluster
 from trainflow.backends import launcher_for
 from trainflow.backends.base import AttemptPlan
 from trainflow.backends.kubernetes.classify import PodExit, pod_outcome
@@ -26,7 +26,6 @@ from trainflow.spec import load_spec
 EXAMPLE = ROOT / "examples" / "specs" / "digits-kubernetes.yaml"
 JOBSET = ("jobset.x-k8s.io/v1alpha2", "JobSet")
 PYTORCHJOB = ("kubeflow.org/v1", "PyTorchJob")
-KUEUE = ("kueue.x-k8s.io/v1beta1", "LocalQueue")
 DIGEST = "sha256:" + "cd" * 32
 RUN_ID = "digits-k8s-20250601-100000-abc123"
 
@@ -72,7 +71,7 @@ def plan(attempt: int = 1, address: str = "0.0.0.0:41234") -> AttemptPlan:
 
 @pytest.fixture
 def cluster() -> FakeCluster:
-    fake = FakeCluster(crds=[JOBSET, PYTORCHJOB, KUEUE])
+    fake = FakeCluster(crds=[JOBSET, PYTORCHJOB, KUEUE_V1BETA2])
     secrets(fake, "trainflow-s3")
     return fake
 
@@ -330,9 +329,10 @@ def permitted(verb: str, group: str, resource: str) -> bool:
 def test_the_role_allows_every_call_the_backend_makes_and_nothing_more(tmp_path):
     calls: set[tuple[str, str, str]] = set()
     for api in ("indexed-job", "jobset", "pytorchjob"):
-        cluster = FakeCluster(crds=[JOBSET, PYTORCHJOB, KUEUE])
+        cluster = FakeCluster(crds=[JOBSET, PYTORCHJOB, KUEUE_V1BETA2])
         secrets(cluster, "trainflow-s3", "trainflow-registry")
         cluster.add({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "q", "namespace": "trainflow"}})
+        cluster.add_local_queue("training")
         spec = spec_for(f"kubernetes.launch_api={api}", "kubernetes.image=registry.example.com/ml/trainflow",
                         "kubernetes.registry_secret=trainflow-registry", "kubernetes.kueue_queue=training")
 

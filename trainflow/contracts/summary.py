@@ -10,6 +10,14 @@ from pydantic import BaseModel, ConfigDict
 from trainflow.contracts.ledger import AttemptFigures, RunFigures
 
 
+class QuotaHeld(BaseModel):
+    """The team quota a run held from before provision to after teardown."""
+
+    limit: str  # the Prefect global concurrency limit, trainflow-team-<team>
+    devices: int
+    waited_s: float  # queued for it
+
+
 class CheckpointRow(BaseModel):
     step: int
     uri: str
@@ -42,6 +50,7 @@ class RunSummary(BaseModel):
     plots: list[str] = []
     # set after finalize: by teardown, by a faulted (drill) run, by a rerun
     teardown: dict[str, Any] | None = None
+    quota: QuotaHeld | None = None
     faults: list[dict[str, Any]] | None = None
     rerun_of: str | None = None
     drift: list[str] | None = None

@@ -26,6 +26,7 @@ from trainflow.backends.kubernetes.classify import PodExit, node_index
 from trainflow.backends.kubernetes.cluster import Cluster, ClusterError, KubeCluster
 from trainflow.backends.kubernetes.build import S3Objects, build_in_cluster
 from trainflow.backends.kubernetes.image import ImageError, planned_image
+from trainflow.backends.kubernetes.kueue import KueueChoice, KueueError, choose_queue, with_queue
 from trainflow.backends.kubernetes.manifests import attempt_manifests, headless_service
 from trainflow.backends.kubernetes.names import RunNames
 from trainflow.backends.kubernetes.observe import PodObserver
@@ -36,7 +37,6 @@ from trainflow.backends.kubernetes.registry import RegistryError, manifest_diges
 from trainflow.backends.worker import secret_environment
 from trainflow.backends.kubernetes.workloads import (
     JOB_API,
-    KUEUE_API,
     PYTORCH_CONTAINER,
     workload_api,
 )
@@ -133,7 +133,7 @@ class KubernetesLauncher:
         namespace = k8s.namespace
         status_host = status_host_for(spec)
         try:
-            self._check_cluster_fits(spec)
+            kueue = self._check_cluster_fits(spec)
             self.cluster.create(owned(headless_service(spec, run_id), orchestrator_owner(namespace)))
         except ClusterError as exc:
             if exc.status != 409:  # 409: this run's Service exists already (provision retried)
@@ -144,13 +144,14 @@ class KubernetesLauncher:
             backend=self.name,
             nodes=spec.resources.nodes,
             scratch=scratch,
-            details={"namespace": namespace, "launch_api": k8s.launch_api.value, "service": RunNames(run_id).service},
+            details={"namespace": namespace, "launch_api": k8s.launch_api.value, "service": RunNames(run_id).service,
+                     "kueue": kueue.as_dict()},
         )
         allocation.status_host = status_host
         allocation.slots = list(range(spec.resources.nodes))
         return allocation
 
-    def _check_cluster_fits(self, spec: RunSpec) -> None:
+    def _check_cluster_fits(self, spec: RunSpec) -> KueueChoice:
         k8s = spec.kubernetes
         namespace = k8s.namespace
         if self.cluster.namespace_exists(namespace) is False:
@@ -176,11 +177,10 @@ class KubernetesLauncher:
                 f"kubernetes.launch_api: {k8s.launch_api.value} needs the {kind} API ({api_version}), which this "
                 "cluster does not serve; install it or use launch_api: indexed-job"
             )
-        if k8s.kueue_queue and not self.cluster.has_api(*KUEUE_API):
-            raise ProvisionError(
-                f"kubernetes.kueue_queue: {k8s.kueue_queue!r} needs Kueue ({KUEUE_API[0]}), which this cluster "
-                "does not serve; install Kueue or remove kueue_queue"
-            )
+        try:
+            return choose_queue(self.cluster, spec)
+        except KueueError as exc:
+            raise ProvisionError(str(exc)) from None
 
     # render ---------------------------------------------------------------------------------
 
@@ -229,6 +229,7 @@ class KubernetesLauncher:
         image = self.prepare_image(spec, allocation)["reference"]
         plan = dataclasses.replace(plan, status_address=self.pod_status_address(plan, allocation))
         namespace = spec.kubernetes.namespace
+        spec = with_queue(spec, allocation.details.get("kueue", {}).get("queue", spec.kubernetes.kueue_queue))
         config_secret, workload = attempt_manifests(spec, allocation.run_id, plan, image, secret_environment(spec))
         try:
             owner = orchestrator_owner(namespace)

@@ -30,7 +30,6 @@ from trainflow.spec import LaunchApi, RunSpec
 JOBSET_API = ("jobset.x-k8s.io/v1alpha2", "JobSet")
 PYTORCHJOB_API = ("kubeflow.org/v1", "PyTorchJob")
 JOB_API = ("batch/v1", "Job")
-KUEUE_API = ("kueue.x-k8s.io/v1beta1", "LocalQueue")
 JOBSET_REPLICA = "node"
 PYTORCH_CONTAINER = "pytorch"  # the training operator looks for a container of this name
 

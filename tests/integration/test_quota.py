@@ -1,0 +1,200 @@
+"""Team quotas on the session's Prefect server: a team's runs hold its devices from before provision
+until after teardown, a run that would exceed the team's limit waits (and says so), another team
+is not held up, and every slot comes back: after success, failure, SIGTERM and a dead orchestrator."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import ROOT
+from tests.integration.conftest import BIN, run_cli, summary_of
+from tests.integration.deployments import api_json
+
+pytestmark = pytest.mark.integration
+
+SPEC = "examples/digits/spec.yaml"  # 2 nodes x 1 process: 2 devices
+SHORT = ["--set", "workload.steps=12", "--set", "checkpoint.every_steps=6"]
+PAUSE_AT_STEP = 4
+DEADLINE_S = 300  # generous: the machine is shared; nothing here measures time
+
+
+def team_name(label: str) -> str:
+    return f"{label}-{uuid.uuid4().hex[:6]}"
+
+
+def team_args(team: str) -> list[str]:
+    return ["--set", f"tracking.tags={{team: {team}}}"]
+
+
+def held(cli_env: dict, team: str) -> int:
+    result = run_cli(["quota", "list", "--json"], cli_env)
+    assert result.returncode == 0, result.stderr
+    return next(row["held"] for row in json.loads(result.stdout) if row["team"] == team)
+
+
+def start_run(cli_env: dict, log_dir: Path, name: str, *args: str) -> subprocess.Popen:
+    """`trainflow run --json` in the background, its output to log_dir/name.{out,err}."""
+    with open(log_dir / f"{name}.out", "wb") as out, open(log_dir / f"{name}.err", "wb") as err:
+        proc = subprocess.Popen([str(BIN / "trainflow"), "run", SPEC, *args, "--json"], env=cli_env, cwd=ROOT,
+                                stdout=out, stderr=err, start_new_session=True)
+    proc.log_dir, proc.name = log_dir, name
+    return proc
+
+
+def paused_args(gate: Path) -> list[str]:
+    """A run that stops at PAUSE_AT_STEP, holding its quota, until `gate/release` exists."""
+    gate.mkdir(parents=True, exist_ok=True)
+    return [
+        "--set", "workload.entrypoint=tests/integration/workloads/pause_until_released.py",
+        "--set", f"workload.args=[--pause-at-step, '{PAUSE_AT_STEP}', --paused, '{gate / 'paused'}', "
+                 f"--release, '{gate / 'release'}']",
+        "--set", "fault_tolerance.hang_timeout_s=900", *SHORT,
+    ]
+
+
+def wait_until(condition, what: str, procs: list[subprocess.Popen] = ()) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not condition():
+        for proc in procs:
+            assert proc.poll() is None, f"{proc.name} ended early while waiting for {what}:\n{stderr_of(proc)[-3000:]}"
+        assert time.monotonic() < deadline, f"not seen within {DEADLINE_S} s: {what}"
+        time.sleep(0.3)
+
+
+def stderr_of(proc: subprocess.Popen) -> str:
+    return (proc.log_dir / f"{proc.name}.err").read_text(errors="replace")
+
+
+def finished(proc: subprocess.Popen) -> tuple[int, dict | None, str]:
+    code = proc.wait(DEADLINE_S)
+    result = subprocess.CompletedProcess(proc.args, code, (proc.log_dir / f"{proc.name}.out").read_text(),
+                                         stderr_of(proc))
+    return code, summary_of(result) if code in (0, 1) else None, result.stdout + result.stderr
+
+
+def quota_task_times(api: str, flow_run_id: str) -> tuple[str, str]:
+    """(end of `wait-for-quota`, start of `release-quota`) of one flow run, from the Prefect server."""
+    runs = api_json(api, "POST", "/task_runs/filter", {"task_runs": {"flow_run_id": {"any_": [flow_run_id]}}})
+    by_name = {run["name"].rsplit("-", 1)[0]: run for run in runs}
+    return by_name["wait-for-quota"]["end_time"], by_name["release-quota"]["start_time"]
+
+
+@pytest.fixture
+def kill_on_exit():
+    started: list[subprocess.Popen] = []
+    yield started
+    for proc in started:  # a failed assertion must not leave a run behind
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(120)
+
+
+def test_quota_set_list_delete_and_bad_input(cli_env):
+    team = team_name("cli")
+    assert run_cli(["quota", "set", team, "--devices", "3"], cli_env).returncode == 0
+    rows = json.loads(run_cli(["quota", "list", "--json"], cli_env).stdout)
+    assert {"team": team, "limit": f"trainflow-team-{team}", "devices": 3, "held": 0, "active": True} in rows
+    assert run_cli(["quota", "set", team, "--devices", "5"], cli_env).returncode == 0
+    assert f"trainflow-team-{team}" in run_cli(["quota", "list"], cli_env).stdout
+    assert held(cli_env, team) == 0
+    too_big = run_cli(["run", SPEC, *team_args(team), "--set", "resources.nodes=6"], cli_env)
+    assert too_big.returncode == 2
+    assert too_big.stderr.strip().splitlines()[-1].startswith("trainflow: resources: the run needs 6 devices")
+    assert run_cli(["quota", "delete", team], cli_env).returncode == 0
+    gone = run_cli(["quota", "delete", team], cli_env)
+    assert gone.returncode == 2 and "no such quota" in gone.stderr
+    bad = run_cli(["quota", "set", team, "--devices", "0"], cli_env)
+    assert bad.returncode == 2 and "--devices" in bad.stderr
+    no_server = run_cli(["quota", "list"], {k: v for k, v in cli_env.items() if k != "PREFECT_API_URL"})
+    assert no_server.returncode == 2 and "PREFECT_API_URL" in no_server.stderr
+
+
+@pytest.mark.timeout(900)  # four runs, three of them one after another, on a shared 2-core machine
+def test_a_teams_runs_queue_for_its_quota_while_another_team_runs(cli_env, prefect_api, tmp_path, kill_on_exit):
+    vision, speech = team_name("vision"), team_name("speech")
+    for team in (vision, speech):
+        assert run_cli(["quota", "set", team, "--devices", "2"], cli_env).returncode == 0
+    gate = tmp_path / "gate"
+    first = start_run(cli_env, tmp_path, "first", *team_args(vision), *paused_args(gate))
+    kill_on_exit.append(first)
+    wait_until((gate / "paused").exists, "the first run training", [first])
+    second = start_run(cli_env, tmp_path, "second", *team_args(vision), *SHORT)
+    third = start_run(cli_env, tmp_path, "third", *team_args(vision), *SHORT)
+    kill_on_exit += [second, third]
+    for queued in (second, third):
+        wait_until(lambda: f"queued for quota trainflow-team-{vision}" in stderr_of(queued),
+                   f"{queued.name} queued", [first, queued])
+
+    # the other team runs to the end while all of vision's devices are held
+    other = run_cli(["run", SPEC, *team_args(speech), *SHORT, "--json"], cli_env, timeout_s=DEADLINE_S)
+    assert other.returncode == 0, other.stderr[-3000:]
+    assert summary_of(other)["quota"]["limit"] == f"trainflow-team-{speech}"
+    assert "queued for quota" not in other.stdout + other.stderr
+    assert second.poll() is None and third.poll() is None and held(cli_env, vision) == 2
+
+    (gate / "release").touch()
+    results = {proc.name: finished(proc) for proc in (first, second, third)}
+    for name, (code, summary, output) in results.items():
+        assert code == 0, f"{name}:\n{output[-3000:]}"
+        assert summary["quota"] == {**summary["quota"], "limit": f"trainflow-team-{vision}", "devices": 2}
+    for name in ("second", "third"):
+        output = results[name][2]
+        assert f"queued for quota trainflow-team-{vision}: needs 2 devices, 2/2 held, waited" in output
+        summary = results[name][1]
+        metric = MlflowClient(summary["tracking_uri"]).get_run(summary["mlflow_run_id"]).data.metrics
+        assert metric["quota_wait_s"] == pytest.approx(summary["quota"]["waited_s"], abs=0.1)
+        assert metric["quota_wait_s"] > 0
+
+    # one at a time: each run took the devices only after the one before gave them back
+    spans = sorted(quota_task_times(prefect_api, summary["prefect_flow_run_id"])
+                   for _, summary, _ in results.values())
+    for (_, released), (acquired, _) in zip(spans, spans[1:]):
+        assert acquired >= released, spans
+    assert held(cli_env, vision) == 0 and held(cli_env, speech) == 0
+
+
+@pytest.mark.timeout(900)  # five runs, one after another
+def test_slots_come_back_after_failure_sigterm_and_a_dead_orchestrator(cli_env, tmp_path, kill_on_exit):
+    team = team_name("robotics")
+    assert run_cli(["quota", "set", team, "--devices", "2"], cli_env).returncode == 0
+
+    failed = run_cli(["run", SPEC, *team_args(team), *SHORT, "--json",
+                      "--set", "workload.entrypoint=tests/integration/workloads/exit_at_step.py",
+                      "--set", "workload.args=[--exit-at-step, '3']", "--set", "fault_tolerance.max_restarts=0"],
+                     cli_env, timeout_s=DEADLINE_S)
+    assert failed.returncode == 1 and summary_of(failed)["status"] == "failed", failed.stderr[-3000:]
+    assert held(cli_env, team) == 0
+
+    stopped = start_run(cli_env, tmp_path, "stopped", *team_args(team), *paused_args(tmp_path / "stopped"))
+    kill_on_exit.append(stopped)
+    wait_until((tmp_path / "stopped" / "paused").exists, "the run training", [stopped])
+    assert held(cli_env, team) == 2
+    queued = start_run(cli_env, tmp_path, "queued", *team_args(team), *SHORT)
+    kill_on_exit.append(queued)
+    wait_until(lambda: f"queued for quota trainflow-team-{team}" in stderr_of(queued), "the queued run", [queued])
+    for proc in (queued, stopped):  # SIGTERM: what a Prefect worker sends a flow run it cancels
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(DEADLINE_S) == 128 + signal.SIGTERM
+        assert held(cli_env, team) == (2 if proc is queued else 0)  # the queued run took nothing
+
+    dead = start_run(cli_env, tmp_path, "dead", *team_args(team), *paused_args(tmp_path / "dead"))
+    kill_on_exit.append(dead)
+    wait_until((tmp_path / "dead" / "paused").exists, "the run training", [dead])
+    os.kill(dead.pid, signal.SIGKILL)  # the orchestrator alone: nothing gives its devices back
+    dead.wait(30)
+    assert held(cli_env, team) == 2
+    after = run_cli(["run", SPEC, *team_args(team), *SHORT, "--json"], cli_env, timeout_s=DEADLINE_S)
+    assert after.returncode == 0, after.stderr[-3000:]
+    assert f"quota trainflow-team-{team}: gave back 2 devices of run" in after.stderr
+    assert "queued for quota" not in after.stderr
+    assert held(cli_env, team) == 0
+    assert not list((Path(cli_env["TRAINFLOW_HOME"]) / "quota").glob("*.json"))
