@@ -13,7 +13,7 @@ import urllib.parse
 import urllib.request
 from datetime import datetime, timedelta, timezone
 
-TEAM_LIMIT_PREFIX = "trainflow-team-"  # the global concurrency limit holding a team's device quota
+from trainflow.quota import LIMIT_PREFIX as TEAM_LIMIT_PREFIX  # the limit holding a team's device quota
 TIMEOUT_S = 10
 EVENT_PAGE_SIZE = 50  # the most the server returns per page
 EVENT_PAGES = 20  # at most this many pages of events per flow run

@@ -3,6 +3,8 @@ SQLite store written the way the lifecycle writes it."""
 
 from __future__ import annotations
 
+import time
+
 import getpass
 import socket
 
@@ -42,7 +44,7 @@ def store(tmp_path):
                                   {"trainflow.run_id": "orig-1", "attempt": str(attempt), "outcome": outcome,
                                    "reason": "rank 1 exited 3" if outcome == "CRASHED" else "finished"}, parent=original)
         tracker.log_params(child, {"world_size": 2, "resumed_from_step": 5 * (attempt - 1)})
-        tracker.log_metric(child, "last_step", 7 if attempt == 1 else 10)
+        tracker.log_metrics(child, [("last_step", 7 if attempt == 1 else 10, 0, time.time())])
     with launched_via("cli"):
         rerun = tracker.start_run("exp", "again", {"trainflow.run_id": "again-1", "rerun_of": original,
                                                    "rerun_drift": "true", "rerun_allow_drift": "true",

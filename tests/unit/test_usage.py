@@ -3,6 +3,8 @@ real MLflow SQLite store written the way the lifecycle writes it; and `trainflow
 
 from __future__ import annotations
 
+import time
+
 import csv
 import io
 import json
@@ -35,7 +37,7 @@ def store(tmp_path, monkeypatch):
         if wait is not None:
             figures["quota_wait_s"] = wait
         for key, value in figures.items():
-            tracker.log_metric(run, key, value)
+            tracker.log_metrics(run, [(key, value, 0, time.time())])
         tracker.log_json(run, [{"step": 10 * (i + 1), "bytes": size} for i, size in enumerate(sizes)], "checkpoints/index.json")
         for number, (outcome, attempt_world, latency) in enumerate(attempts, start=1):
             child = tracker.start_run(experiment, f"run-{index}-attempt-{number}",
@@ -43,7 +45,7 @@ def store(tmp_path, monkeypatch):
                                       parent=run)
             tracker.log_params(child, {"world_size": attempt_world})
             if latency is not None:
-                tracker.log_metric(child, "detection_latency_s", latency)
+                tracker.log_metrics(child, [("detection_latency_s", latency, 0, time.time())])
             tracker.end_run(child, "FINISHED")
         tracker.set_tags(run, {"status": status})
         tracker.end_run(run, "FINISHED" if status == "succeeded" else "FAILED")
