@@ -19,45 +19,22 @@ import pytest
 
 from tests.conftest import ROOT
 from trainflow.backends.ports import free_port
+from trainflow.servers import stop_server, wait_http
 from trainflow.worker_config import JOB_ENV
 
 BIN = Path(sys.executable).parent
 BUCKET = "trainflow-tests"
 
 
-def wait_http(url: str, timeout_s: float, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: server exited early:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except OSError:
-            time.sleep(0.3)
-    raise RuntimeError(f"{url}: not up after {timeout_s}s:\n{log.read_text()[-3000:]}")
-
-
 def start_server(cmd: list[str], env: dict, log: Path, health: str, timeout_s: float) -> subprocess.Popen:
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_http(health, timeout_s, proc, log)
+        wait_http(health, proc, timeout_s, log)
     except Exception:
         stop_server(proc)
         raise
     return proc
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(15)
-    except ProcessLookupError:
-        pass
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)
 
 
 @pytest.fixture(scope="session")

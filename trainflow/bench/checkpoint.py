@@ -36,17 +36,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+from trainflow.servers import ServerError, stop_server, wait_http
 
 MB = 1 << 20
 WIDTH = 1024  # the MLP's layers are WIDTH x WIDTH, float32: 4 MiB of parameters and 4 of momentum each
@@ -207,7 +207,7 @@ def _measure(options: Options, uri: str, endpoint: str, work: Path, log) -> dict
             overheads[kind].append((time.perf_counter() - began) / plain - 1.0)
             plain_s.append(plain)
     local_only.close()
-    failed = [e for e in events if e.get("status") != "committed"]
+    failed = [e for e in events if e["kind"] == "checkpoint" and e.get("status") != "committed"]
     saver.close()
 
     figures = {
@@ -380,7 +380,10 @@ def _moto_server(log):
     }
     saved = {key: os.environ.get(key) for key in [*overrides, "AWS_PROFILE"]}
     try:
-        _wait_http(f"{endpoint}/moto-api/", proc, timeout_s=60)
+        try:
+            wait_http(f"{endpoint}/moto-api/", proc, timeout_s=60)
+        except ServerError as exc:
+            raise BenchError(f"moto_server: {exc}") from None
         os.environ.update(overrides)
         os.environ.pop("AWS_PROFILE", None)
         boto3.client("s3").create_bucket(Bucket=BUCKET)
@@ -391,24 +394,4 @@ def _moto_server(log):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(10)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-
-
-def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise BenchError(f"moto_server exited with code {proc.returncode} before answering")
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise BenchError(f"moto_server did not answer at {url} within {timeout_s:.0f}s")
+        stop_server(proc, grace_s=10)
