@@ -76,7 +76,10 @@ def test_kinds_that_cannot_run_here_are_left_out_with_a_reason_or_refused_when_a
     with pytest.raises(SpecError, match="--kinds straggler"):
         soak_kinds(spec(), [FaultKind.straggler])
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")
-    assert FaultKind.storage_outage in soak_kinds(spec(uri="s3://bucket/soak"))[0]
+    kinds, not_soaked = soak_kinds(spec(uri="s3://bucket/soak"))
+    assert FaultKind.storage_outage in kinds and FaultKind.node_loss not in kinds and "node-loss" in not_soaked
+    with pytest.raises(SpecError, match="--kinds node-loss"):
+        soak_kinds(spec(uri="s3://bucket/soak"), [FaultKind.node_loss, FaultKind.storage_outage])
 
 
 def test_the_spec_and_plan_give_each_kind_what_it_needs_to_end_its_attempt():
