@@ -14,7 +14,7 @@ from pathlib import Path
 from bench_common import BIN, ROOT, last_json, steps_per_s
 
 SPEC = "examples/fsdp_tp/spec.yaml"
-STEPS, ROUNDS = 150, 3
+STEPS, ROUNDS = 150, 5
 
 
 def bare(home: Path) -> dict:
@@ -71,8 +71,9 @@ def markdown(tax: dict) -> list[str]:
         return [title, "", f"not measured ({tax['measured_at']}): {tax['error'][:400]}", ""]
     return [
         title, "",
-        f"Measured {tax['measured_at']}; load average (1, 5, 15 min) before {tax['load_before']}, "
-        f"after {tax['load_after']}.", "",
+        f"Measured {tax['measured_at']}; load average (1, 5, 15 min) before "
+        f"{', '.join(f'{x:.1f}' for x in tax['load_before'])}, after {', '.join(f'{x:.1f}' for x in tax['load_after'])} "
+        "(the machine is shared: other work runs beside the rounds).", "",
         "| | bare torchrun | trainflow | ratio (target ≥ 0.95) |",
         "|---|---|---|---|",
         f"| training steps/s | {tax['bare']['steps_per_s']:.2f} | {tax['trainflow']['steps_per_s']:.2f} | "

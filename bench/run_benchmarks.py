@@ -335,8 +335,10 @@ def main(parts: list[str]) -> None:
         finally:
             stop(prefect)
             stop(s3)
-    print(json.dumps({part: results[part].get("throughput_ratio", results[part].get("passed"))
-                      if isinstance(results[part], dict) else results[part] for part in parts}, default=str))
+    headline = {"orchestration": lambda r: r["throughput_ratio"], "fsdp_tp": lambda r: r.get("throughput_ratio"),
+                "drills": lambda r: sum(1 for d in r.values() if d.get("passed")),
+                "soak": lambda r: {name: r[name].get("passed") for name in ("main", "storage")}}
+    print(json.dumps({part: headline.get(part, lambda r: "measured")(results[part]) for part in parts}, default=str))
 
 
 if __name__ == "__main__":

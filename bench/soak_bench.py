@@ -91,8 +91,12 @@ def soak_lines(title: str, report: dict) -> list[str]:
 
 
 def markdown(soaked: dict) -> list[str]:
+    runs = [r for r in (soaked["main"], soaked["storage"]) if "confusion" in r]
+    kinds = sorted({k for r in runs for k in r["kinds"]})
     return [
         f"## Soak (`trainflow soak --load`; measured {soaked['measured_at']}, {soaked['cores']} cores)", "",
+        f"{sum(r['faults'] for r in runs)} faults of {len(kinds)} kinds ({', '.join(kinds)}) in {len(runs)} soak(s); "
+        f"passed: {', '.join(str(r['passed']) for r in runs)}.", "",
         *soak_lines("Every kind on local checkpoints", soaked["main"]),
         *soak_lines("Storage outage on S3 (moto_server behind a relay the soak stalls)", soaked["storage"]),
     ]
