@@ -64,6 +64,14 @@ def fsdp_tp(home: Path, env: dict) -> dict:
     }
 
 
+def earlier_runs(previous: dict | None) -> list[dict]:
+    """The headline of every earlier measurement, newest last, for the record beside the new one."""
+    if not previous or "throughput_ratio" not in previous:
+        return list((previous or {}).get("earlier", []))
+    keys = ("measured_at", "throughput_ratio", "throughput_ratio_per_round", "load_before")
+    return [*previous.get("earlier", []), {k: previous.get(k) for k in keys}]
+
+
 def markdown(tax: dict) -> list[str]:
     title = (f"## Orchestration tax, FSDP2 + TP (examples/fsdp_tp: dp 2 x tp 2, 4 processes, gloo on CPU; "
              f"{STEPS} steps, {ROUNDS} interleaved rounds)")
@@ -80,6 +88,11 @@ def markdown(tax: dict) -> list[str]:
         f"{tax['throughput_ratio']:.3f} (rounds: {', '.join(f'{r:.3f}' for r in tax['throughput_ratio_per_round'])}) |",
         f"| start-up to first step (s) | {tax['bare']['startup_s']:.2f} | {tax['trainflow']['startup_s']:.2f} | |",
         "",
+        *[f"An earlier run, {run['measured_at']} (load average before: "
+          f"{', '.join(f'{x:.1f}' for x in run['load_before'])}): ratio {run['throughput_ratio']:.3f} (rounds: "
+          f"{', '.join(f'{r:.3f}' for r in run['throughput_ratio_per_round'])})." for run in tax.get("earlier", [])],
+        f"The rounds spread from {min(tax['throughput_ratio_per_round']):.3f} to "
+        f"{max(tax['throughput_ratio_per_round']):.3f}: on this shared 2-core machine one round says little.", "",
         "Bare torchrun runs the example's own model, tensor-parallel plan, data and optimizer on the same 2-D "
         "mesh as one host with 4 processes; trainflow runs the example as 2 local nodes x 2 processes, "
         "checkpointing only at the last step, so the figure is the orchestration itself.", "",

@@ -326,7 +326,10 @@ def main(parts: list[str]) -> None:
                 "fsdp_tp": lambda: fsdp_tp_tax.fsdp_tp(home, env),
             }
             for part in parts:
+                earlier = results.get(part)
                 results[part] = measure[part]()
+                if part == "fsdp_tp":  # a ratio on a shared machine drifts: earlier runs stay on record
+                    results[part]["earlier"] = fsdp_tp_tax.earlier_runs(earlier)
                 if part in ("orchestration", "drills"):  # the yardstick both compare recovery with
                     results["torchrun_restart_s"] = statistics.median(measure_torchrun_restart() for _ in range(3))
                 if part in FIRST_PARTS:
