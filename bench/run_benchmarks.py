@@ -6,6 +6,11 @@ machine. Writes bench/results.json and BENCHMARKS.md; every figure in them comes
 - drills: detection latency and recovery time per fault kind, next to torchrun's own restart
 - checkpoints: `trainflow bench checkpoint` (stalls, tier throughput against raw boto3)
 - goodput over one run with three injected faults
+- soak: >= 30 faults of every kind with the CPU loaded (bench/soak_bench.py)
+- the FSDP2 + TP example's orchestration tax (bench/fsdp_tp_tax.py)
+
+    python bench/run_benchmarks.py                      # every part
+    python bench/run_benchmarks.py --only soak,fsdp_tp  # these parts; the others' figures are kept
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+import fsdp_tp_tax  # bench/, beside this script
+import soak_bench
+from bench_common import BIN, ROOT, last_json, steps_per_s
 from trainflow.bench.checkpoint import SERVER_NICENESS
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 SPEC = "examples/digits/spec.yaml"
 STEPS = 2000
 ROUNDS = 3
@@ -63,22 +69,6 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait(15)
     except (ProcessLookupError, subprocess.TimeoutExpired):
         pass
-
-
-def last_json(args: list[str], env: dict, timeout_s: float = 900) -> dict:
-    result = subprocess.run([str(BIN / "trainflow"), *args], env=env, cwd=ROOT, capture_output=True, text=True,
-                            timeout=timeout_s)
-    lines = result.stdout.strip().splitlines()
-    if not lines:
-        raise RuntimeError(f"trainflow {' '.join(args[:2])} printed nothing:\n{result.stderr[-3000:]}")
-    return json.loads(lines[-1])
-
-
-def steps_per_s(points: list[tuple[int, float]], skip: int = 20) -> float:
-    """Training steps per second from (step, unix time) pairs, after the first `skip` steps."""
-    points = sorted(p for p in points if p[0] > skip)
-    (first_step, first_t), (last_step, last_t) = points[0], points[-1]
-    return (last_step - first_step) / (last_t - first_t)
 
 
 def bare_torchrun(home: Path) -> dict:
@@ -201,8 +191,9 @@ def markdown(results: dict) -> str:
     lines = [
         "# Benchmarks",
         "",
-        "Every figure below was produced by `make bench` (bench/run_benchmarks.py) in one run on this",
-        f"machine, {results['measured_at']}; the raw numbers are in bench/results.json.",
+        "Every figure below was produced by `make bench` (bench/run_benchmarks.py) on this machine; the",
+        f"sections up to Goodput in one run, {results['measured_at']}, the later ones each when its own section",
+        "says; the raw numbers are in bench/results.json.",
         "",
         "```", results["machine"].strip(), "```",
         "",
@@ -255,14 +246,57 @@ def markdown(results: dict) -> str:
             f"- goodput {faults['goodput']}; lost steps {faults['lost_steps']}; recovery times {faults['recovery_s']} s",
             f"- device-hours {faults['device_hours']}, of which wasted {faults['wasted_device_hours']}",
         ]
-    lines += ["", "Commands: `make bench` (everything), `trainflow drill SPEC --fault KIND --json`, "
-              "`trainflow bench checkpoint --json`.", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + [""])
 
 
-def main() -> None:
+FIRST_PARTS = ("orchestration", "drills", "checkpoint", "three_faults")
+PARTS = (*FIRST_PARTS, "soak", "fsdp_tp")
+
+
+def render(results: dict) -> str:
+    """BENCHMARKS.md from whatever parts bench/results.json holds, each section with its own figures."""
+    if all(part in results for part in FIRST_PARTS):
+        text = markdown(results)
+    else:
+        text = "\n".join(["# Benchmarks", "", "Produced by `make bench` (bench/run_benchmarks.py); the raw numbers "
+                          "are in bench/results.json.", "", "```", results["machine"].strip(), "```", ""])
+    extra = []
+    if "soak" in results:
+        extra += soak_bench.markdown(results["soak"])
+    if "fsdp_tp" in results:
+        extra += fsdp_tp_tax.markdown(results["fsdp_tp"])
+    commands = ["Commands: `make bench` (everything), `python bench/run_benchmarks.py --only soak,fsdp_tp` (some "
+                f"parts of {', '.join(PARTS)}; the others' figures are kept), `trainflow drill SPEC --fault KIND "
+                "--json`, `trainflow soak SPEC --faults N --load --json`, `trainflow bench checkpoint --json`.", ""]
+    return text + "\n" + "\n".join(extra + commands)
+
+
+def chosen_parts(argv: list[str]) -> list[str]:
+    if not argv:
+        return list(PARTS)
+    if len(argv) != 2 or argv[0] != "--only":
+        raise SystemExit(f"usage: run_benchmarks.py [--only PART,...]  (parts: {', '.join(PARTS)})")
+    parts = [p.strip() for p in argv[1].split(",") if p.strip()]
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown or not parts:
+        raise SystemExit(f"--only: unknown part(s) {', '.join(unknown) or '(none given)'}; parts: {', '.join(PARTS)}")
+    return parts
+
+
+RESULTS = ROOT / "bench" / "results.json"
+
+
+def write(results: dict) -> None:
+    RESULTS.write_text(json.dumps(results, indent=1, default=str))
+    (ROOT / "BENCHMARKS.md").write_text(render(results))
+
+
+def main(parts: list[str]) -> None:
     from trainflow.bench.torchrun_restart import measure_torchrun_restart
     from trainflow.topology import describe_topology
+
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}  # the parts not rerun are kept
+    results["machine"] = describe_topology()
 
     with tempfile.TemporaryDirectory(prefix="trainflow-bench-") as folder:
         home = Path(folder)
@@ -283,30 +317,37 @@ def main() -> None:
 
             boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], region_name="us-east-1",
                          aws_access_key_id="bench", aws_secret_access_key="bench").create_bucket(Bucket="trainflow-bench")
-            results = {
-                "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                "machine": describe_topology(),
-                "orchestration": orchestration(home, env),
-                "torchrun_restart_s": statistics.median(measure_torchrun_restart() for _ in range(3)),
-                "drills": drills(env),
-                "checkpoint": checkpoint_bench(env),
-                "three_faults": three_faults(env),
+            measure = {
+                "orchestration": lambda: orchestration(home, env),
+                "drills": lambda: drills(env),
+                "checkpoint": lambda: checkpoint_bench(env),
+                "three_faults": lambda: three_faults(env),
+                "soak": lambda: soak_bench.soak(env),
+                "fsdp_tp": lambda: fsdp_tp_tax.fsdp_tp(home, env),
             }
+            for part in parts:
+                earlier = results.get(part)
+                results[part] = measure[part]()
+                if part == "fsdp_tp":  # a ratio on a shared machine drifts: earlier runs stay on record
+                    results[part]["earlier"] = fsdp_tp_tax.earlier_runs(earlier)
+                if part in ("orchestration", "drills"):  # the yardstick both compare recovery with
+                    results["torchrun_restart_s"] = statistics.median(measure_torchrun_restart() for _ in range(3))
+                if part in FIRST_PARTS:
+                    results["measured_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+                write(results)  # each part as soon as it is measured: a later one failing keeps it
         finally:
             stop(prefect)
             stop(s3)
-    (ROOT / "bench" / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    (ROOT / "BENCHMARKS.md").write_text(markdown(results))
-    print(json.dumps({"throughput_ratio": results["orchestration"]["throughput_ratio"],
-                      "throughput_ratio_with_checkpoints": results["orchestration"]["throughput_ratio_with_checkpoints"],
-                      "drills_passed": sum(1 for r in results["drills"].values() if r.get("passed"))}))
+    headline = {"orchestration": lambda r: r["throughput_ratio"], "fsdp_tp": lambda r: r.get("throughput_ratio"),
+                "drills": lambda r: sum(1 for d in r.values() if d.get("passed")),
+                "soak": lambda r: {name: r[name].get("passed") for name in ("main", "storage")}}
+    print(json.dumps({part: headline.get(part, lambda r: "measured")(results[part]) for part in parts}, default=str))
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--from-results"]:  # summaries and BENCHMARKS.md again from the recorded runs
         recorded = json.loads((ROOT / "bench" / "results.json").read_text())
         recorded["orchestration"] = summarize_orchestration(recorded["orchestration"]["rounds"])
-        (ROOT / "bench" / "results.json").write_text(json.dumps(recorded, indent=1, default=str))
-        (ROOT / "BENCHMARKS.md").write_text(markdown(recorded))
+        write(recorded)
     else:
-        main()
+        main(chosen_parts(sys.argv[1:]))

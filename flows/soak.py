@@ -6,42 +6,43 @@ CPU hog beside it), next to a fault-free baseline, and how every fault was detec
 
 from __future__ import annotations
 
-import subprocess
+import os
 import sys
 from contextlib import contextmanager
 
 from prefect import flow, get_run_logger
 
-from flows.drill import run_lifecycle
+from flows.drill import run_lifecycle, storage_proxy
 from trainflow.backends.processes import describe, job_processes
+from trainflow.chaos import FaultKind, FaultPlan
+from trainflow.cpu_load import cpu_load
 from trainflow.drill import baseline_key, load_baseline, save_baseline
 from trainflow.environment import fingerprint_environment
-from trainflow.soak import plan_faults, render_confusion, soak_report, soak_spec
+from trainflow.soak import plan_faults, render_confusion, soak_kinds, soak_report, soak_spec
 from trainflow.spec import RunSpec, load_spec
-
-HOG = "while True: pass"
 
 
 @contextmanager
-def cpu_hog(enabled: bool):
-    """A process that keeps one core busy for as long as the soak runs, as other work on a shared host."""
-    if not enabled:
-        yield
+def storage_outages(plans: list[FaultPlan]):
+    """One storage relay for the whole faulted run when any fault is a storage outage; every such
+    fault cuts that relay."""
+    outage = next((p for p in plans if p.kind == FaultKind.storage_outage), None)
+    if outage is None:
+        yield plans
         return
-    hog = subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        yield
-    finally:
-        hog.kill()
-        hog.wait()
+    with storage_proxy(outage) as routed:
+        yield [p.model_copy(update={"proxy_port": routed.proxy_port}) if p.kind == FaultKind.storage_outage else p
+               for p in plans]
 
 
 @flow(name="soak", flow_run_name="{spec.name}-soak-{faults}-faults")
-def soak(spec: RunSpec, faults: int, seed: int = 0, load: bool = False) -> dict:
+def soak(spec: RunSpec, faults: int, seed: int = 0, load: bool = False, load_niceness: int = 0,
+         kinds: list[FaultKind] | None = None) -> dict:
     """Baseline (reused when one exists), the faulted run, the confusion matrix and the rest."""
     logger = get_run_logger()
-    spec = soak_spec(spec, faults)
-    plans = plan_faults(spec, faults, seed)
+    kinds, not_soaked = soak_kinds(spec, kinds)
+    spec = soak_spec(spec, faults, kinds)
+    plans = plan_faults(spec, faults, seed, kinds)
     key = baseline_key(spec, fingerprint_environment().fingerprint)
     baseline = load_baseline(key)
     if baseline is None:
@@ -49,11 +50,12 @@ def soak(spec: RunSpec, faults: int, seed: int = 0, load: bool = False) -> dict:
         if base_summary["status"] != "succeeded":
             return {"faults": faults, "passed": False, "status": "baseline-failed", "reason": base_summary["reason"]}
         baseline = save_baseline(key, base_summary)
-    with cpu_hog(load):
-        summary = run_lifecycle(spec, chaos=plans)
+    with cpu_load(os.cpu_count() if load else None, load_niceness) as hog, storage_outages(plans) as routed:
+        summary = run_lifecycle(spec, chaos=routed)
     leftovers = [describe(p) for p in job_processes(summary["run_id"])] + list(summary["teardown"]["survivors"])
     report = soak_report(plans, summary, baseline, leftovers, spec.checkpoint.every_steps)
-    report["seed"], report["load"] = seed, load
+    report["seed"], report["kinds"], report["kinds_not_soaked"] = seed, [k.value for k in kinds], not_soaked
+    report["load"] = hog.model_dump() if hog else None
     logger.info("soak of %d faults: %s\n%s", faults, "PASSED" if report["passed"] else "FAILED",
                 render_confusion(report))
     return report

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import get_run_logger
 
 from tasks import lifecycle_task
+from tasks.attempts import STOP_GRACE_S
 from tasks.records import Provisioned, RunRecord
 from tasks.reporting import report_progress
 from trainflow import progress
@@ -77,6 +78,10 @@ def watch_attempt(
     )
     try:
         result = watcher.run()
+        if result.evidence.get("storage_calls"):
+            # a storage outage: the flow may be waiting on the same store to snapshot a commit, and
+            # until it releases the attempt the workers would train on past the verdict once it answers
+            provisioned.launcher.stop(handle, grace_s=STOP_GRACE_S)
     finally:
         provisioned.commits.put(None)
     log = logger.info if result.outcome.value == "SUCCEEDED" else logger.warning

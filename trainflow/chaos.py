@@ -48,6 +48,8 @@ class FaultPlan(BaseModel):
     node: int | None = Field(default=None, ge=0, title="Node", description="Target node (preempt, node-loss).")
     duration_s: float = Field(default=8.0, gt=0, le=600, title="Duration (s)", description="Straggler / outage length.")
     permanent: bool = Field(default=False, title="Permanent", description="node-loss: the node never comes back.")
+    stall: bool = Field(default=False, title="Stall", description="storage-outage: requests wait unanswered for "
+                        "the duration (an endpoint that stops answering) instead of being refused.")
     proxy_port: int | None = Field(default=None, title="Storage proxy port", description="Set by the drill.")
 
     def target_rank(self, world_size: int) -> int:
@@ -178,7 +180,7 @@ def _inject(plan: FaultPlan, handle: AttemptHandle, channel: StatusServer, alloc
             raise RuntimeError("storage-outage needs the drill's storage proxy")
         record.target = f"storage endpoint behind 127.0.0.1:{plan.proxy_port}"
         record.injected_at = time.time()
-        proxy.outage(plan.duration_s)
+        proxy.outage(plan.duration_s, stall=plan.stall)
     elif kind == FaultKind.corrupt_checkpoint:
         damaged = corrupt_latest_checkpoint(checkpoint_uri, allocation.run_id)
         record.detail["damaged"] = damaged
@@ -231,7 +233,9 @@ def corrupt_latest_checkpoint(uri: str, run_id: str) -> str:
 
 
 class StorageProxy:
-    """A TCP relay in front of the storage endpoint; `outage()` drops every connection for a while."""
+    """A TCP relay in front of the storage endpoint. `outage()` makes it unreachable for a while:
+    every connection is dropped and new ones refused, or (`stall`) every request waits unanswered
+    until the outage is over, as an endpoint that stops answering."""
 
     active: dict[int, StorageProxy] = {}
 
@@ -240,21 +244,37 @@ class StorageProxy:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._down_until = 0.0
+        self._stalling = False
+        self._up = threading.Event()
+        self._up.set()
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
         StorageProxy.active[self.port] = self
 
-    def outage(self, duration_s: float) -> None:
+    def outage(self, duration_s: float, stall: bool = False) -> None:
         self._down_until = time.monotonic() + duration_s
+        self._stalling = stall
+        if stall:
+            self._up.clear()
+            timer = threading.Timer(duration_s, self.end_outage)
+            timer.daemon = True
+            timer.start()
+            return
         with self._lock:
             for sock in list(self._sockets):
                 _close(sock)
             self._sockets.clear()
 
+    def end_outage(self) -> None:
+        """The endpoint answers again; stalled requests go on where they stood."""
+        self._down_until = 0.0
+        self._up.set()
+
     def close(self) -> None:
         self._closed = True
+        self.end_outage()
         StorageProxy.active.pop(self.port, None)
         _close(self._listener)
         with self._lock:
@@ -267,22 +287,27 @@ class StorageProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            if time.monotonic() < self._down_until:
-                _close(client)
-                continue
-            try:
-                upstream = socket.create_connection(self.upstream, timeout=5)
-            except OSError:
-                _close(client)
-                continue
-            with self._lock:
-                self._sockets.update((client, upstream))
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+            threading.Thread(target=self._connect, args=(client,), daemon=True).start()
+
+    def _connect(self, client: socket.socket) -> None:
+        if time.monotonic() < self._down_until and not self._stalling:
+            _close(client)
+            return
+        self._up.wait()
+        try:
+            upstream = socket.create_connection(self.upstream, timeout=5)
+        except OSError:
+            _close(client)
+            return
+        with self._lock:
+            self._sockets.update((client, upstream))
+        for source, sink in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
 
     def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
         try:
             while chunk := source.recv(65536):
+                self._up.wait()  # a stalled endpoint: the bytes wait here until it answers again
                 sink.sendall(chunk)
         except OSError:
             pass

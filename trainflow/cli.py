@@ -347,17 +347,26 @@ def soak(
     spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="Run spec (YAML).")],
     faults: Annotated[int, typer.Option("--faults", min=1, help="How many faults, of every kind in turn.")] = 8,
     seed: Annotated[int, typer.Option("--seed", help="Seeds the faults' kinds, steps and ranks.")] = 0,
-    load: Annotated[bool, typer.Option("--load", help="Keep one core busy beside the job.")] = False,
+    load: Annotated[bool, typer.Option("--load", help="A busy loop per core beside the job for the whole soak.")] = False,
+    load_niceness: Annotated[int, typer.Option("--load-niceness", min=0, max=19, help="Nice value of the busy loops.")] = 0,
+    kinds: Annotated[Optional[str], typer.Option("--kinds", help="Comma-separated fault kinds (default: every kind "
+                                                 "this machine and spec can soak).")] = None,
     overrides: Annotated[Optional[list[str]], typer.Option("--set", help="Override a spec field.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="End with one JSON line: the soak report.")] = False,
 ) -> None:
     """One longer job with many faults at random steps: confusion matrix, lost steps, exactness, leftovers."""
+    from trainflow.chaos import FaultKind
     from trainflow.preflight import preflight
-    from trainflow.soak import plan_faults, render_confusion
+    from trainflow.soak import plan_faults, render_confusion, soak_kinds, soak_spec
 
     try:
         spec = load_spec(spec_path, overrides or [])
-        plan_faults(spec, faults, seed)
+        try:
+            wanted = [FaultKind(k.strip()) for k in kinds.split(",")] if kinds else None
+        except ValueError as exc:
+            raise SpecError(f"--kinds: {exc}; known: {', '.join(k.value for k in FaultKind)}") from None
+        chosen, _ = soak_kinds(spec, wanted)
+        plan_faults(soak_spec(spec, faults, chosen), faults, seed, chosen)
         preflight(spec)
     except SpecError as exc:
         fail_input(str(exc))
@@ -365,7 +374,8 @@ def soak(
     from flows.soak import soak as soak_flow
 
     _stop_on_sigterm()
-    state = soak_flow(spec, faults, seed=seed, load=load, return_state=True)
+    state = soak_flow(spec, faults, seed=seed, load=load, load_niceness=load_niceness, kinds=wanted,
+                      return_state=True)
     report = state.result(raise_on_failure=False)
     if not isinstance(report, dict):
         report = {"faults": faults, "passed": False, "status": "crashed", "reason": str(state.message)}
@@ -377,6 +387,10 @@ def soak(
                        f"{fault['detected']}, lost {fault['lost_steps']} step(s)")
         typer.echo(f"  params match the baseline: {report['params_match_baseline']}; leftovers: "
                    f"{report['leftovers'] or 'none'}; unexplained attempts: {len(report['unexplained_attempts'])}")
+        for kind, why in report.get("kinds_not_soaked", {}).items():
+            typer.echo(f"  not soaked: {kind}: {why}")
+        if report.get("load"):
+            typer.echo(f"  load: {report['load']['processes']} busy loop(s) at nice {report['load']['niceness']}")
     if as_json:
         typer.echo(json.dumps(report, default=str))
     raise typer.Exit(0 if report["passed"] else EXIT_FAILED)

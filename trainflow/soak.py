@@ -1,34 +1,81 @@
 """A soak: one longer job with many faults of every kind at random steps, and how each was read.
 
 Fault i goes into attempt i + 1, at a random step of its own slice of the job, so every attempt
-resumes before the next fault's step. The report is a confusion matrix (injected kind x detected
-outcome), the steps each fault lost, whether the final parameters equal a fault-free baseline's,
-what was left behind, and every failed attempt no fault explains.
+resumes before the next fault's step. Every kind soaked ends the attempt it breaks: a lost node
+comes back for the next attempt (as a replaced node would), so the world size, and with it the
+exactness of every later resume, is kept; a storage outage is an endpoint that stops answering
+for longer than the hang timeout; a damaged checkpoint is passed over at the restore after a SIGKILL.
+The report is a confusion matrix (injected kind x detected outcome), the steps each fault lost,
+whether the final parameters equal a fault-free baseline's, what was left behind, and every
+failed attempt no fault explains.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import re
+import shutil
 from collections import Counter
 
 from trainflow.chaos import FaultKind, FaultPlan
 from trainflow.drill import EXPECTED_OUTCOME, lost_steps_limit
-from trainflow.spec import RunSpec, SpecError
+from trainflow.spec import LocalNetwork, RunSpec, SpecError
+from trainflow.watcher import HANG_FLOOR_S
+
+# every kind that ends an attempt, so one attempt per fault; a storage outage ends it as INFRA
+SOAK_KINDS = (FaultKind.crash, FaultKind.kill, FaultKind.hang, FaultKind.preempt, FaultKind.node_loss,
+              FaultKind.storage_outage, FaultKind.corrupt_checkpoint)
+SOAK_EXPECTED = {**EXPECTED_OUTCOME, FaultKind.storage_outage: "INFRA"}
+NEVER_SOAKED = {FaultKind.straggler: "training goes on under it, no attempt ends; `trainflow drill --fault "
+                                     "straggler` scores it"}
+OUTAGE_PAST_HANG_S = 15.0  # a storage outage outlasts the hang timeout by this much: it must end the attempt
 
 
-def soak_spec(spec: RunSpec, faults: int) -> RunSpec:
-    """The job with budgets for every fault it will get: each is retried, none ends the run."""
+def can_make_hosts() -> bool:
+    return os.geteuid() == 0 and shutil.which("ip") is not None
+
+
+def soak_kinds(spec: RunSpec, wanted: list[FaultKind] | None = None) -> tuple[list[FaultKind], dict[str, str]]:
+    """The kinds this soak injects, and why each other kind is not: asked-for kinds that cannot run
+    here are refused, naming the option."""
+    missing = {}
+    if not spec.checkpoint.is_s3 or not (os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")):
+        missing[FaultKind.storage_outage] = "needs an s3:// checkpoint.uri and AWS_ENDPOINT_URL_S3"
+    if spec.resources.backend.value != "local" or not can_make_hosts():
+        missing[FaultKind.node_loss] = "needs the local backend, root and iproute2 (a network namespace per node)"
+    elif FaultKind.storage_outage not in missing:
+        # the drills' S3 endpoint and its relay listen on this host's loopback, which a node in its
+        # own network namespace cannot reach: node loss is soaked with a checkpoint.uri on local disk
+        missing[FaultKind.node_loss] = ("with an s3:// checkpoint.uri: nodes in network namespaces cannot reach "
+                                        "the S3 endpoint on this host's loopback; soak it with a local checkpoint.uri")
+    if wanted:
+        for kind in wanted:
+            if kind in NEVER_SOAKED or kind in missing:
+                raise SpecError(f"--kinds {kind.value}: {(NEVER_SOAKED | missing)[kind]}")
+        return list(dict.fromkeys(wanted)), {}
+    kinds = [k for k in SOAK_KINDS if k not in missing]
+    return kinds, {k.value: reason for k, reason in (NEVER_SOAKED | missing).items()}
+
+
+def soak_spec(spec: RunSpec, faults: int, kinds: list[FaultKind] | None = None) -> RunSpec:
+    """The job with budgets for every fault it will get (each is retried at once, none ends the run),
+    and what its kinds need: a network namespace per node for node loss, every save on S3 at once for
+    a storage outage to block on."""
     raw = spec.model_dump(mode="json")
     tolerance = raw["fault_tolerance"]
     tolerance["max_restarts"] = max(tolerance["max_restarts"], faults)
     tolerance["max_preemptions"] = max(tolerance["max_preemptions"], faults)
+    tolerance["max_infra_failures"] = max(tolerance["max_infra_failures"], faults)
+    tolerance["backoff_s"] = 0  # the faults are planned, not a failing machine: no retry waits for them
+    if FaultKind.node_loss in (kinds or []):
+        raw["resources"]["network"] = LocalNetwork.namespaces.value
+    if FaultKind.storage_outage in (kinds or []):
+        raw["checkpoint"]["snapshot_every_s"] = 0
     return RunSpec.model_validate(raw)
 
-# the kinds a soak on the local backend injects without root or an S3 store; each ends its attempt
-SOAK_KINDS = (FaultKind.crash, FaultKind.kill, FaultKind.hang, FaultKind.preempt)
 
-
-def plan_faults(spec: RunSpec, faults: int, seed: int) -> list[FaultPlan]:
+def plan_faults(spec: RunSpec, faults: int, seed: int, kinds: list[FaultKind] | None = None) -> list[FaultPlan]:
     """`faults` faults cycling through the kinds (in a seeded order), each at a random step of its slice."""
     every = spec.checkpoint.every_steps
     slice_steps = spec.workload.steps // (faults + 1)
@@ -38,15 +85,24 @@ def plan_faults(spec: RunSpec, faults: int, seed: int) -> list[FaultPlan]:
         raise SpecError(f"workload.steps: {spec.workload.steps} steps leave {slice_steps} per fault; a soak of "
                         f"{faults} faults needs at least {2 * every} (2 x checkpoint.every_steps) per fault")
     rng = random.Random(seed)
-    kinds = list(SOAK_KINDS)
+    kinds = list(kinds or [k for k in SOAK_KINDS if k not in (FaultKind.node_loss, FaultKind.storage_outage)])
     rng.shuffle(kinds)
+    outage_s = (spec.fault_tolerance.hang_timeout_s or HANG_FLOOR_S) + OUTAGE_PAST_HANG_S
     plans = []
     for index in range(faults):
         low = (index + 1) * slice_steps + every  # past the checkpoint the previous attempt resumes from
         step = rng.randint(low, (index + 2) * slice_steps - 1)
         rank = rng.randrange(spec.world_size)
-        plans.append(FaultPlan(kind=kinds[index % len(kinds)], attempt=index + 1, at_step=step, rank=rank))
+        node = rng.randrange(spec.resources.nodes)
+        plans.append(FaultPlan(kind=kinds[index % len(kinds)], attempt=index + 1, at_step=step, rank=rank,
+                               node=node, duration_s=outage_s, stall=True))
     return plans
+
+
+def damaged_step(injection: dict) -> int | None:
+    """The step of the checkpoint a corrupt-checkpoint fault damaged, from the key it names."""
+    found = re.search(r"step-(\d+)", str((injection.get("detail") or {}).get("damaged", "")))
+    return int(found.group(1)) if found else None
 
 
 def soak_report(plans: list[FaultPlan], summary: dict, baseline: dict, leftovers: list[str],
@@ -59,15 +115,24 @@ def soak_report(plans: list[FaultPlan], summary: dict, baseline: dict, leftovers
     for index, plan in enumerate(plans):
         injection = injections[index] if index < len(injections) else {}
         row = attempts[index] if index < len(attempts) else None
+        retry = attempts[index + 1] if index + 1 < len(attempts) else None
         detected = row["outcome"] if row else None
         matrix[(plan.kind.value, detected)] += 1
-        per_fault.append({
+        fault = {
             "kind": plan.kind.value, "attempt": plan.attempt, "at_step": plan.at_step,
-            "injected": bool(injection.get("injected")),
+            "injected": bool(injection.get("injected")), "target": injection.get("target"),
             "injected_at_step": (injection.get("detail") or {}).get("step"),
-            "detected": detected, "expected": EXPECTED_OUTCOME[plan.kind],
+            "detected": detected, "expected": SOAK_EXPECTED[plan.kind],
             "lost_steps": row["lost_steps"] if row else None,
-        })
+            "resumed_from_step": retry["resumed_from_step"] if retry else None,
+        }
+        if plan.kind == FaultKind.corrupt_checkpoint:
+            # found at the restore: the retry resumes from any checkpoint but the damaged one (a newer
+            # one may have been committed between the damage and the kill)
+            fault["damaged_step"] = damaged_step(injection)
+            fault["rejected_at_restore"] = (fault["damaged_step"] is not None and fault["resumed_from_step"]
+                                            is not None and fault["resumed_from_step"] != fault["damaged_step"])
+        per_fault.append(fault)
     failed_attempts = [a for a in attempts if a["outcome"] != "SUCCEEDED"]
     unexplained = [a for a in failed_attempts if a["attempt"] > len(plans)]
     total = summary.get("total_steps")
@@ -83,8 +148,11 @@ def soak_report(plans: list[FaultPlan], summary: dict, baseline: dict, leftovers
         "misclassified": [f for f in per_fault if f["detected"] != f["expected"]],
         "late_injections": [f for f in per_fault if f["injected_at_step"] is None
                             or abs(f["injected_at_step"] - f["at_step"]) > 1],
-        "over_lost": [f for f in per_fault if f["lost_steps"] is not None and f["lost_steps"] > (
-            0 if f["kind"] == "preempt" else lost_steps_limit(f["injected_at_step"] or f["at_step"], every_steps))],
+        # a damaged checkpoint costs the interval before it too: not held to one interval
+        "over_lost": [f for f in per_fault if f["lost_steps"] is not None and f["kind"] != "corrupt-checkpoint"
+                      and f["lost_steps"] > (0 if f["kind"] == "preempt" else
+                                             lost_steps_limit(f["injected_at_step"] or f["at_step"], every_steps))],
+        "damaged_checkpoints_loaded": [f for f in per_fault if f.get("rejected_at_restore") is False],
         "unexplained_attempts": unexplained,
         "successes_recorded_as_failures": successes_as_failures,
         "params_match_baseline": summary.get("params_sha256") is not None
@@ -95,7 +163,7 @@ def soak_report(plans: list[FaultPlan], summary: dict, baseline: dict, leftovers
     }
     report["passed"] = (
         report["status"] == "succeeded" and not report["misclassified"] and not report["late_injections"]
-        and not report["over_lost"] and not unexplained and not successes_as_failures
+        and not report["over_lost"] and not report["damaged_checkpoints_loaded"] and not unexplained and not successes_as_failures
         and report["params_match_baseline"] and not leftovers
     )
     return report

@@ -148,7 +148,10 @@ class AttemptWatcher:
             return self._result(Outcome.NODE_LOST, reason, status, now, rank.last_seen, evidence)
 
         if len(status.ranks) == self.world_size and not leaving:
-            stalled_since = min(r.progressed_at or status.started_at for r in status.ranks.values())
+            # a rank yet to report its first step is behind since the attempt's first step, not since
+            # launch: a start-up slower than the hang timeout (a loaded host) is no hang
+            stalled_since = min(r.progressed_at or status.first_step_at or status.started_at
+                                for r in status.ranks.values())
             limit = self.limits.hang_after(status) if status.first_step_at else self.limits.startup_timeout_s
             if now - stalled_since > limit:
                 stuck = sorted(r.rank for r in status.ranks.values() if (r.progressed_at or 0) <= stalled_since)

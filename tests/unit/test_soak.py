@@ -3,20 +3,25 @@ the job; a confusion matrix and every fault, lost step or attempt that is not as
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from trainflow.soak import plan_faults, render_confusion, soak_report, soak_spec
+from trainflow.chaos import FaultKind
+from trainflow.cpu_load import cpu_load
+from trainflow.soak import plan_faults, render_confusion, soak_kinds, soak_report, soak_spec
 from trainflow.spec import RunSpec, SpecError
 
 
-def spec(steps: int = 600, every: int = 20) -> RunSpec:
+def spec(steps: int = 600, every: int = 20, uri: str = "checkpoints/soak") -> RunSpec:
     return RunSpec.model_validate({"name": "soak", "workload": {"entrypoint": "examples/digits/train.py",
-                                                                 "steps": steps}, "checkpoint": {"every_steps": every}})
+                                                                 "steps": steps},
+                                   "checkpoint": {"every_steps": every, "uri": uri}})
 
 
 def test_faults_cycle_through_every_kind_each_past_the_previous_ones_resume_point():
     plans = plan_faults(spec(), 8, seed=3)
-    assert {p.kind.value for p in plans} == {"crash", "kill", "hang", "preempt"}
+    assert {p.kind.value for p in plans} == {"crash", "kill", "hang", "preempt", "corrupt-checkpoint"}
     assert [p.attempt for p in plans] == list(range(1, 9))
     steps = [p.at_step for p in plans]
     assert steps == sorted(steps) and all(b - a > 20 for a, b in zip(steps, steps[1:]))
@@ -33,8 +38,9 @@ def test_the_soak_spec_has_a_budget_for_every_fault():
     assert soak_spec(spec(), 12).fault_tolerance.max_restarts == 12
 
 
-def row(attempt: int, outcome: str, lost: int, last_step: int = 100) -> dict:
-    return {"attempt": attempt, "outcome": outcome, "lost_steps": lost, "last_step": last_step, "reason": "r"}
+def row(attempt: int, outcome: str, lost: int, last_step: int = 100, resumed: int = 0) -> dict:
+    return {"attempt": attempt, "outcome": outcome, "lost_steps": lost, "last_step": last_step, "reason": "r",
+            "resumed_from_step": resumed}
 
 
 def test_the_report_counts_detections_and_names_what_went_wrong():
@@ -57,3 +63,57 @@ def test_the_report_counts_detections_and_names_what_went_wrong():
     assert [a["attempt"] for a in report["unexplained_attempts"]] == [3]
     assert [a["attempt"] for a in report["successes_recorded_as_failures"]] == [3]
     assert report["params_match_baseline"] is False and report["leftovers"] == ["pid 7 (python)"]
+
+
+def test_kinds_that_cannot_run_here_are_left_out_with_a_reason_or_refused_when_asked_for(monkeypatch):
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    kinds, not_soaked = soak_kinds(spec())
+    assert FaultKind.storage_outage not in kinds and "s3://" in not_soaked["storage-outage"]
+    assert "straggler" in not_soaked and FaultKind.corrupt_checkpoint in kinds
+    with pytest.raises(SpecError, match="--kinds storage-outage"):
+        soak_kinds(spec(), [FaultKind.crash, FaultKind.storage_outage])
+    with pytest.raises(SpecError, match="--kinds straggler"):
+        soak_kinds(spec(), [FaultKind.straggler])
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")
+    kinds, not_soaked = soak_kinds(spec(uri="s3://bucket/soak"))
+    assert FaultKind.storage_outage in kinds and FaultKind.node_loss not in kinds and "node-loss" in not_soaked
+    with pytest.raises(SpecError, match="--kinds node-loss"):
+        soak_kinds(spec(uri="s3://bucket/soak"), [FaultKind.node_loss, FaultKind.storage_outage])
+
+
+def test_the_spec_and_plan_give_each_kind_what_it_needs_to_end_its_attempt():
+    kinds = [FaultKind.node_loss, FaultKind.storage_outage, FaultKind.crash]
+    soaked = soak_spec(spec(uri="s3://bucket/soak"), 9, kinds)
+    assert soaked.resources.network.value == "namespaces"  # a node lost is a cut network link
+    assert soaked.checkpoint.snapshot_every_s == 0  # every save goes to the store the outage cuts
+    assert soaked.fault_tolerance.max_infra_failures >= 9 and soaked.fault_tolerance.backoff_s == 0
+    plans = plan_faults(soaked, 9, seed=1, kinds=kinds)
+    outages = [p for p in plans if p.kind == FaultKind.storage_outage]
+    hang_limit = soaked.fault_tolerance.hang_timeout_s or 30.0
+    assert len(outages) == 3 and all(p.stall and p.duration_s > hang_limit for p in outages)
+    assert all(not p.permanent and p.node < soaked.resources.nodes for p in plans if p.kind == FaultKind.node_loss)
+
+
+def test_a_damaged_checkpoint_loaded_at_the_restore_fails_the_soak():
+    plans = plan_faults(spec(), 1, seed=0, kinds=[FaultKind.corrupt_checkpoint])
+    damaged = {"injected": True, "detail": {"step": plans[0].at_step, "damaged": "run/step-00000300/model.pt"}}
+    summary = {"status": "succeeded", "params_sha256": "x", "total_steps": 600, "faults": [damaged],
+               "attempts": [row(1, "KILLED", 30), row(2, "SUCCEEDED", 0, 600, resumed=280)]}
+    report = soak_report(plans, summary, {"params_sha256": "x"}, [], every_steps=20)
+    assert report["per_fault"][0]["rejected_at_restore"] is True and report["passed"] is True
+    summary["attempts"][1]["resumed_from_step"] = 300
+    report = soak_report(plans, summary, {"params_sha256": "x"}, [], every_steps=20)
+    assert [f["damaged_step"] for f in report["damaged_checkpoints_loaded"]] == [300]
+    assert report["passed"] is False
+
+
+def test_the_cpu_load_is_one_busy_loop_per_process_asked_and_is_gone_when_the_block_fails():
+    with pytest.raises(RuntimeError):
+        with cpu_load(2, niceness=5) as load:
+            pids = load.pids
+            assert len(pids) == 2
+            assert all(Path(f"/proc/{pid}/stat").read_text().split()[18] == "5" for pid in pids)  # nice value
+            raise RuntimeError("the soak failed")
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
+    assert load.load_before is not None and load.load_after is not None

@@ -265,3 +265,20 @@ def test_ranks_that_finished_are_not_lost_while_their_processes_take_time_to_exi
     result = watcher(channel, launcher, heartbeat_timeout_s=0.5, hang_timeout_s=0.5).run(poll_s=0.05)
     assert launcher.polls <= 0
     assert result.outcome == Outcome.SUCCEEDED, result.reason
+
+
+def test_a_slow_start_up_is_no_hang_when_one_rank_reports_its_first_step_before_the_other(channel):
+    channel._attempt.started_at -= 60  # launched a minute ago: a start-up on a loaded host
+    ranks = [reporter(channel, r) for r in range(2)]
+    try:
+        ranks[1].send("progress", steps=[{"step": 1, "step_time_s": 0.01, "compute_s": 0.01}])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (1 not in channel.snapshot().ranks or 0 not in channel.snapshot().ranks
+                                               or channel.snapshot().first_step_at is None):
+            time.sleep(0.02)
+        watching = watcher(channel, StandInLauncher(2), heartbeat_timeout_s=30, hang_timeout_s=5)
+        watching._pump()
+        assert watching._check() is None  # rank 0's first step is due within the hang timeout of rank 1's
+    finally:
+        for r in ranks:
+            r.close()

@@ -1,0 +1,40 @@
+"""`make bench` in parts: only the parts asked for are measured, unknown ones are refused, and
+BENCHMARKS.md renders from whatever parts bench/results.json holds."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import run_benchmarks  # noqa: E402  (a script folder, not a package)
+
+
+def test_only_the_parts_asked_for_are_run_and_unknown_ones_are_refused():
+    assert run_benchmarks.chosen_parts([]) == list(run_benchmarks.PARTS)
+    assert run_benchmarks.chosen_parts(["--only", "soak,fsdp_tp"]) == ["soak", "fsdp_tp"]
+    with pytest.raises(SystemExit, match="unknown part.*bogus"):
+        run_benchmarks.chosen_parts(["--only", "soak,bogus"])
+
+
+def soak_report(passed: bool) -> dict:
+    per_fault = [{"kind": "node-loss", "lost_steps": 12, "detected": "NODE_LOST"}]
+    return {"faults": 1, "seed": 1, "steps": 100, "wall_s": 9.0, "kinds": ["node-loss"], "uptime_before": "b",
+            "uptime_after": "a", "load": {"processes": 2, "niceness": 0}, "passed": passed, "status": "succeeded",
+            "confusion": [{"injected": "node-loss", "detected": "NODE_LOST", "count": 1}], "per_fault": per_fault,
+            "params_match_baseline": True, "misclassified": [], "unexplained_attempts": [],
+            "successes_recorded_as_failures": [], "late_injections": [], "over_lost": [], "leftovers": [],
+            "kinds_not_soaked": {"straggler": "no attempt ends"}}
+
+
+def test_benchmarks_md_renders_the_new_parts_without_the_others():
+    results = {"machine": "host: test", "soak": {"measured_at": "t", "cores": 2, "main": soak_report(True),
+                                                 "storage": {"error": "moto did not start"}},
+               "fsdp_tp": {"error": "the run failed", "measured_at": "t"}}
+    text = run_benchmarks.render(results)
+    assert "| node-loss | 1 | 12 |" in text  # the confusion matrix row with its lost steps
+    assert "not soaked here: straggler" in text and "not measured: moto did not start" in text
+    assert "FSDP2 + TP" in text and "the run failed" in text
+    assert "## Orchestration tax (reference workload" not in text  # not measured, not invented
