@@ -179,8 +179,9 @@ def train_run(deployed, tmp_path_factory):
 def test_train_completes_on_the_worker_and_is_recorded_in_mlflow(deployed, train_run):
     flow_run = train_run["flow_run"]
     assert flow_run["state"]["type"] == "COMPLETED", (flow_run["state"], deployed["log"].read_text()[-4000:])
-    assert flow_run["name"] == "deployed"
     client, run = mlflow_run_of(deployed, flow_run["id"])
+    assert flow_run["name"] == run.data.tags["trainflow.run_id"]  # named after the trainflow run
+    assert flow_run["name"].startswith("deployed-")
     assert run.info.status == "FINISHED"
     assert run.data.params["steps"] == "30" and run.data.params["checkpoint_every_steps"] == "10"
     assert run.data.tags["status"] == "succeeded"
