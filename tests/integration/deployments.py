@@ -22,17 +22,27 @@ FLOW = "training-lifecycle"
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
+# a busy server on SQLite answers "Service Unavailable" while its database is locked; Prefect's own
+# client tries such calls again, and so does the UI's user
+RETRIED_STATUSES = {429, 502, 503}
+RETRY_WAITS_S = (0.5, 1, 2, 4, 8)
+
+
 def api_call(api: str, method: str, path: str, body: dict | None = None):
     """(status, JSON) of one REST call, as the UI makes it."""
-    request = urllib.request.Request(
-        f"{api}{path}", method=method, data=json.dumps(body).encode() if body is not None else None,
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read() or b"null")
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
+    for wait_s in (*RETRY_WAITS_S, None):
+        request = urllib.request.Request(
+            f"{api}{path}", method=method, data=json.dumps(body).encode() if body is not None else None,
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            status, data = exc.code, json.loads(exc.read() or b"null")
+        if status not in RETRIED_STATUSES or wait_s is None:
+            return status, data
+        time.sleep(wait_s)
 
 
 def api_json(api: str, method: str, path: str, body: dict | None = None):

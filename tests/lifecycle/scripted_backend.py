@@ -101,6 +101,11 @@ class ScriptedLauncher:
             for reporter in reporters.values():
                 reporter.send("progress", steps=[{"step": step, "step_time_s": 0.01, "t": time.time(),
                                                   "metrics": {"loss": 1.0 / step}}])
+        # ranks in step (as a collective keeps them): every rank's last step is known to the
+        # orchestrator before any of them ends, so an attempt's last step is the act's
+        deadline = time.monotonic() + 60
+        while not self._all_at(last, world) and time.monotonic() < deadline:
+            time.sleep(0.01)
         ending_here = act.node == node
         if act.end == End.finish:
             for reporter in reporters.values():
@@ -118,6 +123,10 @@ class ScriptedLauncher:
                 reporter.close()
             handle.returncodes[node] = -15
         handle.done[node].set()
+
+    def _all_at(self, step: int, world: int) -> bool:
+        ranks = self.channel.snapshot().ranks
+        return len(ranks) == world and all(rank.step >= step for rank in ranks.values())
 
     def poll(self, handle: ScriptedAttempt) -> list[NodeExit]:
         exits = []
