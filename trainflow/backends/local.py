@@ -271,7 +271,7 @@ class LocalLauncher:
         store_host = network.node_address(allocation.slots[0]) if network else LOOPBACK
         own_address = network.node_address(slot) if network else LOOPBACK
         command = [
-            sys.executable, "-m", "torch.distributed.run",
+            sys.executable, "-m", "trainflow.backends.agent",
             "--nnodes", str(spec.resources.nodes),
             "--nproc-per-node", str(spec.resources.procs_per_node),
             "--rdzv-backend", "c10d",

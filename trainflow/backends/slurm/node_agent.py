@@ -43,7 +43,7 @@ def read_signal(attempt_dir: Path, node: int) -> tuple[str, float] | None:
 
 def torchrun_command(launch: dict, node: int, endpoint: str, attempt_dir: Path) -> list[str]:
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-m", "trainflow.backends.agent",
         "--nnodes", str(launch["nodes"]),
         "--nproc-per-node", str(launch["procs_per_node"]),
         "--rdzv-backend", "c10d",

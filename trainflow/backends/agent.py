@@ -1,0 +1,35 @@
+"""torchrun's agent, leaving as soon as it is done: `python -m trainflow.backends.agent ARGS` runs
+torchrun's own main with ARGS, then exits with its status.
+
+torchrun tees each rank's output (`--tee`) from threads of a pool. On the path a SIGTERM takes (the
+kernel's parent-death signal when the orchestrator dies) those threads are never told to stop, and
+the interpreter would wait for them at exit forever: an agent that outlives its run. Exiting with
+os._exit once torchrun has returned or raised skips that wait; what torchrun writes (its error
+file, its logs) is written before."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+
+def main() -> None:
+    from torch.distributed.run import main as torchrun
+
+    code = 0
+    try:
+        torchrun()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # as an uncaught exception would end the interpreter: its traceback, exit 1
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
