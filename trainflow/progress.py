@@ -30,7 +30,8 @@ _current = Progress()
 
 def publish(step: int, total: int, attempt: int, loss: float | None) -> None:
     with _lock:
-        if attempt != _current.attempt or not _current.started_at:
+        # a new attempt, or a step behind the last one (another run in this process): a new rate
+        if attempt != _current.attempt or not _current.started_at or step < _current.step:
             _current.attempt, _current.started_at, _current.first_step = attempt, time.time(), step
         _current.step, _current.total = step, total
         if loss is not None:

@@ -20,3 +20,9 @@ def test_published_progress_has_step_loss_attempt_and_an_eta():
 def test_a_new_attempt_restarts_the_rate():
     progress.publish(50, 100, attempt=3, loss=1.0)
     assert progress.current().eta_s() is None  # no steps done yet in this attempt
+
+
+def test_a_step_behind_the_last_one_is_another_run_and_restarts_the_rate():
+    progress.publish(90, 100, attempt=4, loss=1.0)
+    progress.publish(5, 100, attempt=4, loss=1.0)  # the next run in this process, also at its 4th attempt
+    assert progress.current().step == 5 and progress.current().eta_s() is None
