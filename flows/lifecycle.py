@@ -5,6 +5,13 @@
     failed node, resume from the latest verified checkpoint -> finalize -> teardown and release
     quota (always)
 
+Every task takes what it uses and nothing more, so the flow run's graph in Prefect is this lifecycle.
+Prefect links a task to the tasks whose results it takes by walking into its arguments, and it
+matches objects by identity, so a shared enum member or string inside a result would link tasks
+that share nothing. Results are therefore handed on `opaque`: a task is linked to the task that
+made each argument, never to what the argument holds (hand-off records are plain classes, which
+Prefect does not walk into; see tasks/records.py).
+
 Run it with `trainflow run SPEC`, from a deployment, or directly: `python -m flows.lifecycle SPEC`.
 """
 
@@ -18,6 +25,7 @@ from itertools import count
 from prefect import flow
 from prefect.exceptions import TerminationSignal
 from prefect.states import Completed, Failed
+from prefect.utilities.annotations import opaque
 
 from tasks.attempts import classify_outcome, recover_nodes, release_attempt
 from tasks.chaos import inject_fault
@@ -32,6 +40,7 @@ from tasks.teardown import teardown
 from tasks.tracking import new_run_id, start_tracking
 from tasks.validate import validate_spec
 from tasks.watch import watch_attempt
+from trainflow import live
 from trainflow.chaos import FaultPlan
 from trainflow.interrupts import signal_name, teardown_not_interrupted
 from trainflow.spec import RunSpec, load_spec
@@ -54,40 +63,37 @@ def faulted_lifecycle(spec: RunSpec, chaos: list[FaultPlan]):
 def lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None = None):
     spec = validate_spec(spec)
     run_id = new_run_id(spec)
-    record = provisioned = handle = summary = quota = None
+    record = provisioned = launched = summary = quota = None
     stopped_by = None
     try:
-        record = start_tracking(spec, resume, run_id)
-        start_report(spec, record)
-        quota = wait_for_quota(spec, record)  # held from here until after teardown
-        provisioned = provision(spec, record)
-        environment = prepare_image(spec, record, provisioned)
-        start_point = find_resume_point(spec) if resume else None
-        restore_from = start_point
-        attempt_spec, results, snapshots, injections = spec, [], [], []
+        record = start_tracking(opaque(spec), resume, run_id)
+        start_report(record)
+        quota = wait_for_quota(record)  # held from here until after teardown
+        provisioned = provision(record)
+        ready = prepare_image(provisioned)
+        restore_from = find_resume_point(record) if resume else None
+        attempt_spec, results, snapshots, injections = None, [], [], []  # None: the run's own spec
         for attempt in count(1):
             faults = [plan for plan in chaos or [] if plan.attempt == attempt]
             gate = min((plan.at_step for plan in faults), default=None)  # the workers wait there for the fault
-            handle = launch_attempt(attempt_spec, record, provisioned, environment, attempt, restore_from, gate)
-            resumed_from_step = restore_from.step if restore_from else 0
-            injecting = [inject_fault.submit(attempt_spec, plan, provisioned, handle) for plan in faults]
+            launched = launch_attempt(ready, attempt, opaque(attempt_spec), opaque(restore_from), gate)
+            injecting = [inject_fault.submit(launched, opaque(plan)) for plan in faults]
             # watch in the background; meanwhile snapshot each commit it passes on, until it ends
-            watching = watch_attempt.submit(attempt_spec, record, provisioned, handle, resumed_from_step)
-            for commit in iter(provisioned.commits.get, None):
-                snapshots.append(snapshot_checkpoint(attempt_spec, record, provisioned, commit))
+            watching = watch_attempt.submit(launched)
+            for commit in live.commits(run_id, attempt):
+                snapshots.append(snapshot_checkpoint(launched, opaque(commit)))
                 report_checkpoint(record, snapshots[-1])
-            result = watching.result()
+            result = release_attempt(launched, opaque(watching.result()))
             injections += [future.result() for future in injecting]
-            release_attempt(attempt_spec, record, provisioned, handle, result)
             results.append(result)
-            decision = classify_outcome(attempt_spec, results)
+            decision = classify_outcome(launched, each(results))
             report_attempt(record, result, decision)
             if not decision.retry:
                 break
             time.sleep(decision.backoff_s)
-            attempt_spec = recover_nodes(attempt_spec, provisioned, handle, result)
-            restore_from = choose_retry_point(attempt_spec, record.run_id, resume, restore_from)
-        summary = finalize(attempt_spec, record, provisioned, results, decision, snapshots)
+            attempt_spec = recover_nodes(launched, opaque(result))
+            restore_from = choose_retry_point(launched, resume, opaque(restore_from))
+        summary = finalize(launched, each(results), opaque(decision), each(snapshots))
         if chaos:
             summary["faults"] = [asdict(injection) for injection in injections]
     except BaseException as exc:
@@ -96,17 +102,21 @@ def lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None = None)
     finally:
         with teardown_not_interrupted():
             try:
-                released = teardown(spec, run_id, record, provisioned, handle, finalized=summary is not None,
-                                    stopped_by=stopped_by)
+                released = teardown(opaque(spec), run_id, record, provisioned, launched, opaque(summary), stopped_by)
             finally:
                 if quota is not None:
                     release_quota(quota)
     summary["teardown"] = released
     summary["quota"] = quota.as_dict() if quota else None
-    report_run(spec, record, summary)
+    report_run(record, summary)
     if summary["status"] == "succeeded":
         return Completed(message=f"finished at step {summary['final_step']}", data=summary)
     return Failed(message=summary["reason"], data=summary)
+
+
+def each(values: list) -> list:
+    """A list handed to a task item by item: the task depends on the task that made each item."""
+    return [opaque(value) for value in values]
 
 
 def stopping_signal(exc: BaseException) -> str | None:

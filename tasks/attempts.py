@@ -4,10 +4,10 @@ branch, and bring the failed node back (or leave it out) for the next attempt.""
 from __future__ import annotations
 
 from prefect import get_run_logger
+from prefect.runtime import task_run
 
 from tasks import lifecycle_task
-from tasks.records import Provisioned, RunRecord
-from trainflow.backends import AttemptHandle
+from tasks.records import Launched
 from trainflow.backends.abilities import ReplacesNodes
 from trainflow.failures import AttemptResult, Decision, decide
 from trainflow.spec import RunSpec
@@ -15,11 +15,11 @@ from trainflow.spec import RunSpec
 STOP_GRACE_S = 3.0
 
 
-@lifecycle_task(name="release-attempt", task_run_name="release-attempt-{handle.attempt}")
-def release_attempt(
-    spec: RunSpec, record: RunRecord, provisioned: Provisioned, handle: AttemptHandle, result: AttemptResult
-) -> int:
-    """Stop whatever is left of the attempt and record it as a nested MLflow run."""
+@lifecycle_task(name="release-attempt", task_run_name="release-attempt-{launched.handle.attempt}")
+def release_attempt(launched: Launched, result: AttemptResult) -> AttemptResult:
+    """Stop whatever is left of the attempt and record it as a nested MLflow run; the result is the
+    attempt's, for the tasks that decide what comes next."""
+    spec, record, provisioned, handle = launched.spec, launched.record, launched.provisioned, launched.handle
     # by now the outcome is known and a preempted attempt has saved; what is left only needs ending
     stopped = provisioned.launcher.stop(handle, grace_s=STOP_GRACE_S)
     tracker = provisioned.tracker
@@ -64,7 +64,7 @@ def release_attempt(
     tracker.end_run(child, "FINISHED" if result.outcome.value == "SUCCEEDED" else "FAILED")
     get_run_logger().info("attempt %d released (%d process(es) stopped); its logs: MLflow run %s, artifacts logs/",
                           result.attempt, stopped, child)
-    return stopped
+    return result
 
 
 def attempt_degrees(spec: RunSpec, world_size: int) -> dict[str, int]:
@@ -73,30 +73,38 @@ def attempt_degrees(spec: RunSpec, world_size: int) -> dict[str, int]:
     return {"dp_degree": world_size // (p.tensor * p.pipeline), "tp_degree": p.tensor, "pp_degree": p.pipeline}
 
 
-@lifecycle_task(name="classify-outcome")
-def classify_outcome(spec: RunSpec, results: list[AttemptResult]) -> Decision:
-    """Retry branch or finish: retryable outcome, budget left, and not a crash loop."""
-    decision = decide(spec.fault_tolerance, results)
+def _classify_run_name() -> str:
+    return f"classify-attempt-{len(task_run.parameters['results'])}"
+
+
+@lifecycle_task(name="classify-outcome", task_run_name=_classify_run_name)
+def classify_outcome(launched: Launched, results: list[AttemptResult]) -> Decision:
+    """Retry branch or finish, by the attempt's fault-tolerance policy: retryable outcome, budget
+    left, and not a crash loop (`results`: every attempt's so far, this one last)."""
+    decision = decide(launched.spec.fault_tolerance, results)
     get_run_logger().info("%s: %s", "retry" if decision.retry else "finish", decision.reason)
     return decision
 
 
-@lifecycle_task(name="recover-nodes")
-def recover_nodes(spec: RunSpec, provisioned: Provisioned, handle: AttemptHandle, result: AttemptResult) -> RunSpec:
-    """Replace the node an attempt lost; if it cannot come back and min_nodes allows, go on without it."""
+@lifecycle_task(name="recover-nodes", task_run_name="recover-nodes-{launched.handle.attempt}")
+def recover_nodes(launched: Launched, result: AttemptResult) -> RunSpec:
+    """The next attempt's spec: replace the node this attempt lost; if it cannot come back and
+    min_nodes allows, go on without it. Always a spec object of its own (a copy when nothing
+    changed): Prefect links by object identity, and the run's spec is validate-spec's."""
+    spec, provisioned, handle = launched.spec, launched.provisioned, launched.handle
     node = result.evidence.get("node")
     if result.outcome.value != "NODE_LOST" or node is None:
-        return spec
+        return spec.model_copy()
     logger = get_run_logger()
     slot = handle.slots[node] if handle.slots else node
     launcher = provisioned.launcher
     if isinstance(launcher, ReplacesNodes) and launcher.replace_node(provisioned.allocation, slot):
         logger.info("node %d replaced for the next attempt", node)
-        return spec
+        return spec.model_copy()
     minimum = spec.resources.min_nodes or spec.resources.nodes
     if spec.resources.nodes - 1 < minimum:
         logger.warning("node %d cannot come back and min_nodes is %d: retrying with all nodes", node, minimum)
-        return spec
+        return spec.model_copy()
     if slot in provisioned.allocation.slots:
         provisioned.allocation.slots.remove(slot)
     smaller = spec.with_nodes(spec.resources.nodes - 1)

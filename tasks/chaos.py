@@ -5,18 +5,17 @@ from __future__ import annotations
 from prefect import get_run_logger
 
 from tasks import lifecycle_task
-from tasks.records import Provisioned
-from trainflow.backends import AttemptHandle
+from tasks.records import Launched
 from trainflow.chaos import FaultPlan, Injection, inject
 from trainflow.home import resolve_checkpoint_uri
-from trainflow.spec import RunSpec
 
 
 @lifecycle_task(name="inject-fault", task_run_name="inject-{plan.kind.value}-at-step-{plan.at_step}")
-def inject_fault(spec: RunSpec, plan: FaultPlan, provisioned: Provisioned, handle: AttemptHandle) -> Injection:
+def inject_fault(launched: Launched, plan: FaultPlan) -> Injection:
     """Wait for the planned step, then break what the plan says."""
+    spec, provisioned = launched.spec, launched.provisioned
     injection = inject(
-        plan, handle, provisioned.channel, provisioned.allocation,
+        plan, launched.handle, provisioned.channel, provisioned.allocation,
         resolve_checkpoint_uri(spec.checkpoint.uri), spec.world_size,
     )
     logger = get_run_logger()

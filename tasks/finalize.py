@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import get_run_logger
 
 from tasks import lifecycle_task
-from tasks.records import CheckpointRecord, Provisioned, RunRecord
+from tasks.records import CheckpointRecord, Launched
 from trainflow.checkpoint.catalog import list_committed, missing_or_resized
 from trainflow.checkpoint.storage import StorageError, open_storage
 from trainflow.contracts import AttemptResult, RunSummary, run_ledger
@@ -35,14 +35,10 @@ def checkpoint_index(spec: RunSpec, run_id: str) -> list[dict]:
 
 @lifecycle_task(name="finalize")
 def finalize(
-    spec: RunSpec,
-    record: RunRecord,
-    provisioned: Provisioned,
-    results: list[AttemptResult],
-    decision: Decision,
-    snapshots: list[CheckpointRecord],
+    last_attempt: Launched, results: list[AttemptResult], decision: Decision, snapshots: list[CheckpointRecord]
 ) -> dict:
     """Summarise the attempts, index the checkpoints and close the MLflow run."""
+    spec, record = last_attempt.spec, last_attempt.record
     status = run_status(results)
     last = results[-1]
     finished = last.finished or {}
@@ -76,7 +72,7 @@ def finalize(
         diagnosis=diagnose(ledger.figures, stragglers),
         plots=[],
     )
-    tracker, run = provisioned.tracker, record.mlflow_run_id
+    tracker, run = last_attempt.provisioned.tracker, record.mlflow_run_id
     tracker.set_tags(run, {"status": status, "reason": decision.reason[:5000], "params_sha256": summary.params_sha256})
     # the ledger's figures are the run's metrics, at its final step, as the summary has them
     figures = {"attempts": len(results), "final_step": summary.final_step, **ledger.figures.model_dump()}

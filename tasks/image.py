@@ -7,22 +7,22 @@ from pathlib import Path
 from prefect import get_run_logger
 
 from tasks import lifecycle_task
-from tasks.records import Provisioned, RunRecord
+from tasks.records import Provisioned, Ready
 from trainflow.backends.abilities import BuildsImage
 from trainflow.environment import Environment, fingerprint_environment, workload_repo
-from trainflow.spec import RunSpec
 from trainflow.topology import describe_topology
 
 
 @lifecycle_task(name="prepare-image")
-def prepare_image(spec: RunSpec, record: RunRecord, provisioned: Provisioned) -> Environment:
+def prepare_image(provisioned: Provisioned) -> Ready:
     """Refuse to launch in an environment that does not satisfy the lock; record the fingerprint."""
+    spec, run, tracker = provisioned.record.spec, provisioned.record.mlflow_run_id, provisioned.tracker
     environment = fingerprint_environment()
     if isinstance(provisioned.launcher, BuildsImage):
         image = provisioned.launcher.prepare_image(spec, provisioned.allocation)
-        provisioned.tracker.set_tags(record.mlflow_run_id, {f"image_{k}": v for k, v in image.items() if v})
-    provisioned.tracker.set_tags(
-        record.mlflow_run_id,
+        tracker.set_tags(run, {f"image_{k}": v for k, v in image.items() if v})
+    tracker.set_tags(
+        run,
         {
             "env_fingerprint": environment.fingerprint,
             "git_commit": environment.git_commit,  # trainflow's own checkout
@@ -34,10 +34,10 @@ def prepare_image(spec: RunSpec, record: RunRecord, provisioned: Provisioned) ->
             "torch_version": environment.torch,
         },
     )
-    provisioned.tracker.log_json(record.mlflow_run_id, environment.packages, "environment/packages.json")
-    provisioned.tracker.log_text(record.mlflow_run_id, describe_topology(), "environment/topology.txt")
+    tracker.log_json(run, environment.packages, "environment/packages.json")
+    tracker.log_text(run, describe_topology(), "environment/topology.txt")
     get_run_logger().info(
         "environment %s (commit %s%s)",
         environment.fingerprint[:12], environment.git_commit[:12], ", dirty" if environment.git_dirty else "",
     )
-    return environment
+    return Ready(provisioned, environment)

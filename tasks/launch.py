@@ -7,8 +7,8 @@ import time
 from prefect import get_run_logger
 
 from tasks import lifecycle_task
-from tasks.records import Provisioned, RunRecord
-from trainflow.backends import AttemptHandle, AttemptPlan
+from tasks.records import Launched, Ready, RunRecord
+from trainflow.backends import AttemptPlan
 from trainflow.checkpoint.catalog import Committed, latest_verified
 from trainflow.checkpoint.storage import StorageError, open_storage
 from trainflow.environment import Environment
@@ -19,9 +19,10 @@ from trainflow.spec import RunSpec
 # the checkpoint store may be briefly unreachable (the reason for the retry, often): wait for it
 # rather than resume from the wrong place
 @lifecycle_task(name="find-resume-point", retries=4, retry_delay_seconds=[2, 4, 8, 16])
-def find_resume_point(spec: RunSpec, run_id: str | None = None) -> Committed | None:
-    """The newest verified checkpoint, of this run or (run_id None) of any run under the URI."""
-    found = latest_verified(open_storage(resolve_checkpoint_uri(spec.checkpoint.uri)), run_id)
+def find_resume_point(record: RunRecord) -> Committed | None:
+    """The newest verified checkpoint of any run under the spec's checkpoint URI."""
+    spec = record.spec
+    found = latest_verified(open_storage(resolve_checkpoint_uri(spec.checkpoint.uri)))
     logger = get_run_logger()
     if found is None:
         logger.info("no verified checkpoint under %s: starting from step 0", spec.checkpoint.uri)
@@ -33,14 +34,15 @@ def find_resume_point(spec: RunSpec, run_id: str | None = None) -> Committed | N
 RETRY_POINT_WAITS_S = (2, 4, 8, 16)  # between reads of a store that does not answer
 
 
-@lifecycle_task(name="choose-retry-point", task_run_name="choose-retry-point-{run_id}")
-def choose_retry_point(spec: RunSpec, run_id: str, resume: bool, previous: Committed | None) -> Committed | None:
+@lifecycle_task(name="choose-retry-point", task_run_name="choose-retry-point-after-attempt-{failed.attempt}")
+def choose_retry_point(failed: Launched, resume: bool, previous: Committed | None) -> Committed | None:
     """Where the next attempt resumes: the newest verified checkpoint of this run; with none and
     `resume`, the newest of any run, chosen again (the one chosen before may be gone: another
     run's retention). A store that stays unreadable is no reason to stop the run: the attempt
     resumes from `previous` (its nodes' own copies come first anyway), and a restore that fails
-    there ends it as INFRA, on the retry branch."""
+    there ends it as INFRA, on the retry branch. `failed` is the attempt that just ended."""
     logger = get_run_logger()
+    spec, run_id = failed.record.spec, failed.record.run_id
     storage = open_storage(resolve_checkpoint_uri(spec.checkpoint.uri))
     for wait_s in (*RETRY_POINT_WAITS_S, None):
         try:
@@ -68,26 +70,30 @@ def code_version(environment: Environment) -> str:
 
 @lifecycle_task(name="launch-attempt", task_run_name="launch-attempt-{attempt}")
 def launch_attempt(
-    spec: RunSpec, record: RunRecord, provisioned: Provisioned, environment: Environment, attempt: int,
-    restore_from: Committed | None, pause_at_step: int | None = None,
-) -> AttemptHandle:
-    """Start every node of attempt `attempt`, resuming from `restore_from` when given."""
+    ready: Ready, attempt: int, spec: RunSpec | None, restore_from: Committed | None, pause_at_step: int | None = None
+) -> Launched:
+    """Start every node of attempt `attempt` with `spec` (None: the run's own), resuming from
+    `restore_from` when given; with `pause_at_step`, the workers wait there for a drill's fault."""
+    provisioned = ready.provisioned
+    record = provisioned.record
+    spec = spec or record.spec
     provisioned.channel.begin_attempt(attempt, world_size=spec.world_size)
     plan = AttemptPlan(
         attempt=attempt,
         status_address=provisioned.channel.address,
         status_token=provisioned.channel.token,
-        code_version=code_version(environment),
+        code_version=code_version(ready.environment),
         restore_prefix=restore_from.prefix if restore_from else None,
         # only where the orchestrator and the workers share the run's scratch folder
         pause_at_step=pause_at_step if getattr(provisioned.launcher, "shares_scratch", False) else None,
     )
     handle = provisioned.launcher.launch(spec, provisioned.allocation, plan)
     handle.pause_at_step = plan.pause_at_step  # the drill's injector waits for every rank there
+    resumed_from_step = restore_from.step if restore_from else 0
     # the node folder goes at teardown: point at where the logs are kept
     get_run_logger().info(
         "attempt %d: %d node(s) started from step %d; its logs are kept in MLflow run %s, nested run %s-attempt-%d "
         "(artifacts logs/), once it ends",
-        attempt, handle.nodes, restore_from.step if restore_from else 0, record.mlflow_run_id, record.run_id, attempt,
+        attempt, handle.nodes, resumed_from_step, record.mlflow_run_id, record.run_id, attempt,
     )
-    return handle
+    return Launched(ready, spec, handle, resumed_from_step)

@@ -6,19 +6,20 @@ from prefect import get_run_logger
 
 from tasks import lifecycle_task
 from tasks.records import Provisioned, RunRecord
+from trainflow import live
 from trainflow.backends import launcher_for
 from trainflow.backends.abilities import BindsStatusElsewhere
 from trainflow.home import runs_root
 from trainflow.orphans import reap_stale_runs, write_marker
-from trainflow.spec import RunSpec
 from trainflow.status import StatusServer
 from trainflow.tracking import Tracker
 
 
 @lifecycle_task(name="provision")
-def provision(spec: RunSpec, record: RunRecord) -> Provisioned:
+def provision(record: RunRecord) -> Provisioned:
     """Reserve the job's resources with its backend; nothing runs yet."""
     logger = get_run_logger()
+    spec = record.spec
     for reaped in reap_stale_runs():
         logger.warning("reaped run %s: its orchestrator died before teardown (%d process(es) ended)",
                        reaped["run_id"], reaped["processes"])
@@ -30,8 +31,9 @@ def provision(spec: RunSpec, record: RunRecord) -> Provisioned:
     # bind where the backend says (0.0.0.0 for pods), advertise the address workers can reach
     bind_host = launcher.status_bind_host if isinstance(launcher, BindsStatusElsewhere) else allocation.status_host
     channel = StatusServer(host=bind_host, advertise_host=allocation.status_host)
+    live.open_run(record.run_id, live.LiveParts(launcher, channel, Tracker(record.tracking_uri)))
     logger.info(
         "provisioned %d %s node(s) x %d process(es); status channel on %s",
         allocation.nodes, launcher.name, spec.resources.procs_per_node, channel.address,
     )
-    return Provisioned(launcher=launcher, allocation=allocation, channel=channel, tracker=Tracker(record.tracking_uri))
+    return Provisioned(record=record, allocation=allocation)

@@ -23,7 +23,6 @@ from trainflow.quota import (
     TEMPORARY_SERVER_ENV, QuotaError, QuotaLease, QuotaNeed, acquired_line, dead_holders, queued_line,
     remove_lease_file, write_lease_file,
 )
-from trainflow.spec import RunSpec
 from trainflow.tracking import Tracker
 
 POLL_S = 2.0  # how often a queued run asks again; the server's Retry-After can be far longer
@@ -44,10 +43,11 @@ class HeldQuota:
 
 
 @lifecycle_task(name="wait-for-quota")
-def wait_for_quota(spec: RunSpec, record: RunRecord) -> HeldQuota | None:
+def wait_for_quota(record: RunRecord) -> HeldQuota | None:
     """Take the run's devices from its team's quota, waiting while the team's other runs hold it;
     None when the team is not limited."""
     logger = get_run_logger()
+    spec = record.spec
     if os.environ.get(TEMPORARY_SERVER_ENV) or not PREFECT_API_URL.value():
         logger.info("team quotas are not enforced on a temporary Prefect server (set PREFECT_API_URL)")
         return None

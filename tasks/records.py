@@ -1,36 +1,93 @@
-"""Plain records passed between lifecycle tasks."""
+"""The records the lifecycle's tasks hand each other: each stage's result is what the next stage
+uses, so the flow's task graph in Prefect is the lifecycle itself. Live parts (processes, sockets,
+clients) are not in them: they are found by run id in trainflow.live."""
 
 from __future__ import annotations
 
-import queue
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from trainflow.backends import Allocation, Launcher
+from trainflow import live
+from trainflow.backends import Allocation, AttemptHandle, Launcher
+from trainflow.environment import Environment
+from trainflow.spec import RunSpec
 from trainflow.status import StatusServer
 from trainflow.tracking import Tracker
 
 
-@dataclass(frozen=True)
-class RunRecord:
-    """Identity of one lifecycle run: trainflow's run id and where MLflow keeps it."""
+class HandOff:
+    """A record one stage hands the next. Deliberately not a dataclass: Prefect links a task to the
+    tasks that made its inputs by walking into dataclasses, models and collections, so a record
+    holding what came before would link each task to every stage before it. A hand-off is taken
+    whole, and the graph's edges are the hand-offs."""
 
-    run_id: str
-    mlflow_run_id: str
-    tracking_uri: str
-    experiment: str
-    prefect_flow_run_id: str
-    started_at: float
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={getattr(self, k)!r}' for k in self.__slots__)})"
 
 
-@dataclass
-class Provisioned:
-    """Everything provision reserved; teardown releases all of it."""
+class RunRecord(HandOff):
+    """Identity of one lifecycle run: its validated spec, trainflow's run id and where MLflow keeps it."""
 
-    launcher: Launcher
-    allocation: Allocation
-    channel: StatusServer
-    tracker: Tracker
-    commits: queue.Queue = field(default_factory=queue.Queue)
+    __slots__ = ("spec", "run_id", "mlflow_run_id", "tracking_uri", "experiment", "prefect_flow_run_id",
+                 "started_at")
+
+    def __init__(self, *, spec: RunSpec, run_id: str, mlflow_run_id: str, tracking_uri: str, experiment: str,
+                 prefect_flow_run_id: str, started_at: float):
+        self.spec, self.run_id, self.mlflow_run_id = spec, run_id, mlflow_run_id
+        self.tracking_uri, self.experiment = tracking_uri, experiment
+        self.prefect_flow_run_id, self.started_at = prefect_flow_run_id, started_at
+
+
+class Provisioned(HandOff):
+    """What provision reserved for the run; teardown releases all of it."""
+
+    __slots__ = ("record", "allocation")
+
+    def __init__(self, record: RunRecord, allocation: Allocation):
+        self.record, self.allocation = record, allocation
+
+    @property
+    def launcher(self) -> Launcher:
+        return live.parts_of(self.record.run_id).launcher
+
+    @property
+    def channel(self) -> StatusServer:
+        return live.parts_of(self.record.run_id).channel
+
+    @property
+    def tracker(self) -> Tracker:
+        return live.parts_of(self.record.run_id).tracker
+
+
+class Ready(HandOff):
+    """A provisioned job whose environment satisfies the lock: what every attempt launches on."""
+
+    __slots__ = ("provisioned", "environment")
+
+    def __init__(self, provisioned: Provisioned, environment: Environment):
+        self.provisioned, self.environment = provisioned, environment
+
+
+class Launched(HandOff):
+    """One running attempt: what the tasks that follow it (watch, snapshot, release, recover) use."""
+
+    __slots__ = ("ready", "spec", "handle", "resumed_from_step")
+
+    def __init__(self, ready: Ready, spec: RunSpec, handle: AttemptHandle, resumed_from_step: int):
+        self.ready, self.spec, self.handle, self.resumed_from_step = ready, spec, handle, resumed_from_step
+
+    @property
+    def provisioned(self) -> Provisioned:
+        return self.ready.provisioned
+
+    @property
+    def record(self) -> RunRecord:
+        return self.ready.provisioned.record
+
+    @property
+    def attempt(self) -> int:
+        return self.handle.attempt
 
 
 @dataclass(frozen=True)
@@ -41,6 +98,3 @@ class CheckpointRecord:
     bytes: int
     attempt: int
     reason: str = ""
-
-    def as_dict(self) -> dict:
-        return {"step": self.step, "uri": self.uri, "verified": self.verified}

@@ -25,7 +25,6 @@ from trainflow.contracts import AttemptResult, Outcome, RunSummary
 from trainflow.contracts.ledger import milliseconds, percent, seconds
 from trainflow.failures import Decision
 from trainflow.plots import plots_markdown
-from trainflow.spec import RunSpec
 from trainflow.summary import mlflow_ui_command, public_uri
 
 PROGRESS_EVERY_S = 2.0  # the watch loop flushes metrics every second; the UI needs less
@@ -90,8 +89,9 @@ def _describe(report: RunReport, attempt: int, step: int) -> str:
 
 
 @best_effort
-def start_report(spec: RunSpec, record: RunRecord) -> None:
+def start_report(record: RunRecord) -> None:
     """Open the run's progress artifact at step 0."""
+    spec = record.spec
     report = RunReport(spec.name, spec.workload.steps)
     _reports[record.run_id] = report
     report.progress_id = create_progress_artifact(
@@ -152,8 +152,9 @@ def report_attempt(record: RunRecord, result: AttemptResult, decision: Decision)
 
 
 @best_effort
-def report_run(spec: RunSpec, record: RunRecord, summary: dict) -> None:
+def report_run(record: RunRecord, summary: dict) -> None:
     """The end of the run: final progress, the markdown summary, and a succeeded/failed event."""
+    spec = record.spec
     report = _reports.pop(record.run_id, None)
     succeeded = summary["status"] == "succeeded"
     if report is not None and report.progress_id is not None:

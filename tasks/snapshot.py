@@ -11,7 +11,7 @@ from __future__ import annotations
 from prefect import get_run_logger
 
 from tasks import lifecycle_task
-from tasks.records import CheckpointRecord, Provisioned, RunRecord
+from tasks.records import CheckpointRecord, Launched
 from trainflow.checkpoint.catalog import (
     Committed,
     abort_stale_uploads,
@@ -22,19 +22,19 @@ from trainflow.checkpoint.catalog import (
 from trainflow.checkpoint.manifest import ManifestError
 from trainflow.checkpoint.storage import StorageError, open_storage
 from trainflow.home import resolve_checkpoint_uri
-from trainflow.spec import RunSpec
 
 TIMINGS = ("stage_s", "save_s", "hash_s", "upload_s", "commit_s")
 
 
 @lifecycle_task(name="snapshot-checkpoint", task_run_name="snapshot-step-{commit[step]}")
-def snapshot_checkpoint(spec: RunSpec, record: RunRecord, provisioned: Provisioned, commit: dict) -> CheckpointRecord:
+def snapshot_checkpoint(launched: Launched, commit: dict) -> CheckpointRecord:
     """Check the committed manifest and its files in the store, record the figures, then keep only
     what retention promises; a failed or rejected checkpoint is recorded as such."""
     logger = get_run_logger()
+    spec, record = launched.spec, launched.record
     storage = open_storage(resolve_checkpoint_uri(spec.checkpoint.uri))
     uri = f"{storage.uri}/{commit['prefix']}"
-    tracker, run = provisioned.tracker, record.mlflow_run_id
+    tracker, run = launched.provisioned.tracker, record.mlflow_run_id
     step, at, size = int(commit["step"]), commit["t"], int(commit.get("bytes", 0))
     status = commit.get("status", "committed")
 

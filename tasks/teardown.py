@@ -11,8 +11,8 @@ from typing import TypeVar
 from prefect import get_run_logger
 
 from tasks import lifecycle_task
-from tasks.records import Provisioned, RunRecord
-from trainflow.backends import AttemptHandle
+from tasks.records import Launched, Provisioned, RunRecord
+from trainflow import live
 from trainflow.checkpoint.catalog import latest_verified
 from trainflow.checkpoint.keep_local import keep_newer_local_checkpoints
 from trainflow.checkpoint.storage import StorageError, open_storage
@@ -31,24 +31,25 @@ def teardown(
     run_id: str,
     record: RunRecord | None,
     provisioned: Provisioned | None,
-    handle: AttemptHandle | None,
-    finalized: bool,
+    last_attempt: Launched | None,
+    summary: dict | None,
     stopped_by: str | None = None,
 ) -> dict:
     """Stop every process of the job (a stopped run's attempt first with SIGTERM, so it saves an
     emergency checkpoint), free its ports and scratch, close the status channel, close every MLflow
-    run it opened, and report what was released and anything that survived. `record` and
-    `provisioned` are None when the run was stopped before they existed; `stopped_by` names the
-    signal that stopped it."""
+    run it opened, and report what was released and anything that survived. `record`,
+    `provisioned` and `last_attempt` are None when the run was stopped before they existed, and
+    `summary` unless finalize closed the run; `stopped_by` names the signal that stopped it."""
     logger = get_run_logger()
+    finalized = summary is not None
     report: dict = {"stopped_processes": 0, "released_ports": [], "removed_paths": [], "survivors": [], "clean": True}
     try:
         if provisioned is not None:
-            if handle is not None and not finalized:
+            if last_attempt is not None and not finalized:
                 grace_s = spec.fault_tolerance.preemption_grace_s
-                stopped = provisioned.launcher.stop(handle, grace_s=grace_s)
+                stopped = provisioned.launcher.stop(last_attempt.handle, grace_s=grace_s)
                 logger.info("attempt %d stopped (%d process(es); SIGTERM, then SIGKILL after %g s)",
-                            handle.attempt, stopped, grace_s)
+                            last_attempt.attempt, stopped, grace_s)
             provisioned.channel.close()
             kept = keep_undurable_state(spec, run_id, provisioned, logger)
             report = provisioned.launcher.release(provisioned.allocation).as_dict()
@@ -58,6 +59,9 @@ def teardown(
             report = clear_unprovisioned(run_id)  # stopped inside provision: what it had reserved so far
     finally:
         close_tracking(spec, run_id, record, provisioned, report, finalized, stopped_by, logger)
+        parts = live.close_run(run_id)
+        if parts is not None and provisioned is None:  # stopped between opening the channel and returning
+            parts.channel.close()
     if report["clean"]:
         logger.info(
             "teardown: %d process(es) stopped, ports %s released, %d path(s) removed",

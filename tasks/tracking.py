@@ -79,6 +79,7 @@ def start_tracking(spec: RunSpec, resume: bool, run_id: str) -> RunRecord:
     if lineage and lineage.drift:
         tracker.log_json(mlflow_run_id, list(lineage.drift), DRIFT_ARTIFACT)
     return RunRecord(
+        spec=spec,
         run_id=run_id,
         mlflow_run_id=mlflow_run_id,
         tracking_uri=uri,

@@ -6,27 +6,24 @@ from prefect import get_run_logger
 
 from tasks import lifecycle_task
 from tasks.attempts import STOP_GRACE_S
-from tasks.records import Provisioned, RunRecord
+from tasks.records import Launched
 from tasks.reporting import report_progress
-from trainflow import progress
-from trainflow.backends import AttemptHandle
+from trainflow import live, progress
 from trainflow.failures import AttemptResult
-from trainflow.spec import RunSpec
 from trainflow.watcher import AttemptWatcher, WatchLimits
 
 
-@lifecycle_task(name="watch-attempt", task_run_name="watch-attempt-{handle.attempt}")
-def watch_attempt(
-    spec: RunSpec, record: RunRecord, provisioned: Provisioned, handle: AttemptHandle, resumed_from_step: int
-) -> AttemptResult:
-    """Watch exits, heartbeats and progress until the attempt ends; each commit goes to the snapshot
-    queue, which gets None when watching is over."""
+@lifecycle_task(name="watch-attempt", task_run_name="watch-attempt-{launched.handle.attempt}")
+def watch_attempt(launched: Launched) -> AttemptResult:
+    """Watch exits, heartbeats and progress until the attempt ends; each commit goes to the attempt's
+    commit feed (trainflow.live), which the flow snapshots from until watching is over."""
     logger = get_run_logger()
+    spec, record, provisioned, handle = launched.spec, launched.record, launched.provisioned, launched.handle
 
     def on_event(event: dict) -> None:
         kind = event["kind"]
         if kind == "checkpoint":
-            provisioned.commits.put(event)
+            live.publish_commit(record.run_id, handle.attempt, event)
         elif kind == "error":
             logger.error("rank %s: %s: %s", event.get("rank"), event.get("type"), event.get("message"))
         elif kind == "restored":
@@ -68,7 +65,7 @@ def watch_attempt(
             startup_timeout_s=spec.fault_tolerance.startup_timeout_s,
         ),
         world_size=spec.world_size,
-        resumed_from_step=resumed_from_step,
+        resumed_from_step=launched.resumed_from_step,
         on_metrics=on_metrics,
         on_event=on_event,
         step_metrics_every_s=spec.tracking.step_metrics_every_s,
@@ -83,7 +80,7 @@ def watch_attempt(
             # until it releases the attempt the workers would train on past the verdict once it answers
             provisioned.launcher.stop(handle, grace_s=STOP_GRACE_S)
     finally:
-        provisioned.commits.put(None)
+        live.end_commits(record.run_id, handle.attempt)
     log = logger.info if result.outcome.value == "SUCCEEDED" else logger.warning
     log("attempt %d ended %s at step %d: %s", result.attempt, result.outcome.value, result.last_step, result.reason)
     for failed in result.evidence.get("failed_ranks", [])[:1]:

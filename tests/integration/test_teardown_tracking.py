@@ -41,7 +41,8 @@ def test_a_stopped_run_and_its_open_attempt_are_killed_even_while_the_store_is_l
     tracker = Tracker(uri)
     parent = tracker.start_run("digits", "digits-1", tags={"trainflow.run_id": "digits-1"})
     attempt = tracker.start_run("digits", "digits-1-attempt-1", tags={"attempt": "1"}, parent=parent)
-    record = RunRecord(run_id="digits-1", mlflow_run_id=parent, tracking_uri=uri, experiment="digits",
+    spec = load_spec(ROOT / "examples/digits/spec.yaml")
+    record = RunRecord(spec=spec, run_id="digits-1", mlflow_run_id=parent, tracking_uri=uri, experiment="digits",
                        prefect_flow_run_id="", started_at=0.0)
 
     holder = sqlite3.connect(db, isolation_level=None)
@@ -50,7 +51,7 @@ def test_a_stopped_run_and_its_open_attempt_are_killed_even_while_the_store_is_l
     released = ReleaseLockOnRetry(holder)
     logger.addHandler(released)
     try:
-        close_tracking(load_spec(ROOT / "examples/digits/spec.yaml"), "digits-1", record, None, REPORT,
+        close_tracking(spec, "digits-1", record, None, REPORT,
                        finalized=False, stopped_by="SIGINT", logger=logger)
     finally:
         logger.removeHandler(released)

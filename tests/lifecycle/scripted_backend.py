@@ -32,6 +32,7 @@ class Act:
     end: End
     steps: int = 0  # the last step every rank reports (finish: the spec's last step)
     node: int = 0  # the node that crashes or goes silent
+    checkpoint_at: int | None = None  # rank 0 reports a checkpoint there (never written: the snapshot fails it)
 
 
 @dataclass
@@ -101,6 +102,9 @@ class ScriptedLauncher:
             for reporter in reporters.values():
                 reporter.send("progress", steps=[{"step": step, "step_time_s": 0.01, "t": time.time(),
                                                   "metrics": {"loss": 1.0 / step}}])
+                if step == act.checkpoint_at and reporter is reporters.get(0):
+                    reporter.send("checkpoint", step=step, prefix=f"{spec.name}/step-{step}", status="failed",
+                                  reason="scripted: nothing was written", bytes=0, stall_s=0.0)
         # ranks in step (as a collective keeps them): every rank's last step is known to the
         # orchestrator before any of them ends, so an attempt's last step is the act's
         deadline = time.monotonic() + 60
