@@ -5,21 +5,20 @@ refused here, before anything is provisioned. One module per section; `run` comp
 holds the checks that span sections; `load` reads files and `--set` overrides.
 """
 
-from trainflow.spec.backend_sections import Kubernetes, LaunchApi, Slurm, Toleration
+from trainflow.section import BackendConfig, Section, strict_number
 from trainflow.spec.checkpoint import Checkpoint, checkpoint_uri_problem
 from trainflow.spec.errors import SpecError, describe_validation_error
 from trainflow.spec.fault_tolerance import DEFAULT_RETRY_ON, FaultTolerance
 from trainflow.spec.load import apply_override, load_spec, parse_spec
 from trainflow.spec.parallel import CommBackend, Parallel, Strategy
-from trainflow.spec.resources import Backend, LocalNetwork, Resources
+from trainflow.spec.resources import Backend, Resources
 from trainflow.spec.run import RunSpec
-from trainflow.spec.section import Section, strict_number
 from trainflow.spec.tracking import Tracking
 from trainflow.spec.workload import Workload, WorkloadMode
 
 __all__ = [
-    "DEFAULT_RETRY_ON", "Backend", "Checkpoint", "CommBackend", "FaultTolerance", "Kubernetes", "LaunchApi",
-    "LocalNetwork", "Parallel", "Resources", "RunSpec", "Section", "Slurm", "SpecError", "Strategy", "Toleration",
-    "Tracking", "Workload", "WorkloadMode", "apply_override", "checkpoint_uri_problem", "describe_validation_error",
-    "load_spec", "parse_spec", "strict_number",
+    "DEFAULT_RETRY_ON", "Backend", "BackendConfig", "Checkpoint", "CommBackend", "FaultTolerance", "Parallel",
+    "Resources", "RunSpec", "Section", "SpecError", "Strategy", "Tracking", "Workload", "WorkloadMode",
+    "apply_override", "checkpoint_uri_problem", "describe_validation_error", "load_spec", "parse_spec",
+    "strict_number",
 ]

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
-from trainflow.spec.section import Section
+from trainflow.section import Section
 
 _URI_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):/")
 _S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")

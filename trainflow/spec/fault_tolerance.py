@@ -7,7 +7,7 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from trainflow.contracts import RETRYABLE, Outcome
-from trainflow.spec.section import Section
+from trainflow.section import Section
 
 DEFAULT_RETRY_ON = [o for o in RETRYABLE if o != Outcome.USER_ERROR]
 

@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from trainflow.spec.backend_section import user_path
 from trainflow.spec.errors import SpecError, describe_validation_error
 from trainflow.spec.run import RunSpec
 
@@ -40,7 +41,7 @@ def parse_spec(raw: dict[str, Any], source: str = "spec") -> RunSpec:
     try:
         return RunSpec.model_validate(raw)
     except ValidationError as exc:
-        raise SpecError(f"{source}: {describe_validation_error(exc)}") from None
+        raise SpecError(f"{source}: {describe_validation_error(exc, user_path)}") from None
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from trainflow.spec.section import Section
+from trainflow.section import Section
 
 
 class Strategy(str, Enum):

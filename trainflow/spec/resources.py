@@ -7,24 +7,21 @@ from typing import Annotated
 
 from pydantic import Field
 
-from trainflow.spec.section import Section
+from trainflow.backends.catalog import backend_names
+from trainflow.section import Section
 
 
-class Backend(str, Enum):
-    local = "local"
-    kubernetes = "kubernetes"
-    slurm = "slurm"
-
-
-class LocalNetwork(str, Enum):
-    loopback = "loopback"
-    namespaces = "namespaces"
+# resources.backend takes the name of a registered backend; each backend's own settings are its
+# config section (RunSpec.backend_config)
+Backend = Enum("Backend", {name: name for name in backend_names()}, type=str)
 
 
 class Resources(Section):
     """Where the job runs and how big it is."""
 
-    backend: Backend = Field(default=Backend.local, title="Backend", description="Launcher that runs the workers.")
+    backend: Backend = Field(
+        default=Backend(backend_names()[0]), title="Backend", description="Launcher that runs the workers."
+    )
     nodes: Annotated[int, Field(gt=0, le=1024)] = Field(default=2, title="Nodes", description="Number of nodes.")
     procs_per_node: Annotated[int, Field(gt=0, le=64)] = Field(
         default=1, title="Processes per node", description="Worker processes (ranks) on each node."
@@ -37,11 +34,6 @@ class Resources(Section):
         description="Memory per node, Kubernetes quantity (e.g. 2Gi).",
     )
     gpu: Annotated[int, Field(ge=0, le=16)] = Field(default=0, title="GPUs per node", description="GPUs per node.")
-    network: LocalNetwork = Field(
-        default=LocalNetwork.loopback,
-        title="Local network",
-        description="Local backend: all nodes on loopback, or each in its own network namespace (root; node-loss drills).",
-    )
     min_nodes: Annotated[int, Field(gt=0, le=1024)] | None = Field(
         default=None,
         title="Minimum nodes",

@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import Field, model_validator
+from pydantic import Field, GetJsonSchemaHandler, SerializationInfo, model_serializer, model_validator
+from pydantic_core import CoreSchema
 
-from trainflow.spec.backend_sections import Kubernetes, Slurm
+from trainflow.section import BackendConfig, Section
+from trainflow.spec.backend_section import BackendConfigs, from_user_shape, to_user_shape, user_shaped_schema
 from trainflow.spec.checkpoint import Checkpoint
 from trainflow.spec.fault_tolerance import FaultTolerance
 from trainflow.spec.parallel import CommBackend, Parallel, Strategy
-from trainflow.spec.resources import Backend, Resources
-from trainflow.spec.section import Section
+from trainflow.spec.resources import Resources
 from trainflow.spec.tracking import Tracking
 from trainflow.spec.workload import Workload
 
+Config = TypeVar("Config", bound=BackendConfig)
 
 class RunSpec(Section):
     """A training job: what to train, where, how it is split, saved, protected and recorded."""
@@ -34,20 +36,46 @@ class RunSpec(Section):
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
     fault_tolerance: FaultTolerance = Field(default_factory=FaultTolerance)
     tracking: Tracking = Field(default_factory=Tracking)
-    kubernetes: Kubernetes = Field(default_factory=Kubernetes)
-    slurm: Slurm = Field(default_factory=Slurm)
+    backend_config: BackendConfigs = Field(
+        title="Backend settings",
+        description="The chosen backend's own section, written where that backend reads it "
+        "(e.g. slurm:, kubernetes:, resources.network).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _backend_section_from_where_it_is_written(cls, raw: Any) -> Any:
+        return from_user_shape(raw, cls._sections(), Resources.model_fields["backend"].default.value)
 
     @model_validator(mode="after")
-    def _kubernetes_needs_shared_storage_and_image(self) -> RunSpec:
-        if self.resources.backend != Backend.kubernetes:
-            return self
-        if not self.checkpoint.is_s3:
+    def _backend_section_fits_the_spec(self) -> RunSpec:
+        if self.backend_config.backend != self.resources.backend.value:
             raise ValueError(
-                "checkpoint.uri: the kubernetes backend needs an s3:// URI (pods and the orchestrator share no disk)"
+                f"resources.backend: {self.resources.backend.value}, but the backend section is "
+                f"{self.backend_config.backend}'s"
             )
-        if not self.kubernetes.image:
-            raise ValueError("kubernetes.image: required with resources.backend: kubernetes (a repository or image)")
+        self.backend_config.check(self)
         return self
+
+    @model_serializer(mode="wrap")
+    def _backend_section_where_it_is_written(self, handler: Any, info: SerializationInfo) -> dict:
+        return to_user_shape(handler(self), info.mode, info.by_alias, self._sections())
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler) -> dict:
+        schema = handler(core_schema)
+        user_shaped_schema(handler.resolve_ref_schema(schema), handler.resolve_ref_schema, cls._sections())
+        return schema
+
+    @classmethod
+    def _sections(cls) -> list[str]:
+        return [name for name in cls.model_fields if name != "backend_config"]
+
+    def config_of(self, kind: type[Config]) -> Config:
+        """The backend's own section, typed as that backend's config (which it must be)."""
+        if not isinstance(self.backend_config, kind):
+            raise TypeError(f"resources.backend is {self.resources.backend.value}, not the backend of {kind.__name__}")
+        return self.backend_config
 
     @model_validator(mode="after")
     def _degrees_match_world_size(self) -> RunSpec:

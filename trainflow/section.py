@@ -1,13 +1,17 @@
-"""The base of every spec section: unknown keys refused, numbers taken as numbers only."""
+"""The base of every spec section (unknown keys refused, numbers taken as numbers only), and of a
+backend's own section. A leaf: backend config modules import it without importing the spec."""
 
 from __future__ import annotations
 
 import math
 import types
 import typing
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+
+if TYPE_CHECKING:
+    from trainflow.spec import RunSpec
 
 INT64_MAX = 2**63 - 1
 
@@ -55,3 +59,23 @@ class Section(BaseModel):
         field = cls.model_fields.get(info.field_name or "")
         kind = _number_type(field.annotation) if field else None
         return strict_number(value, kind) if kind else value
+
+
+class BackendConfig(Section):
+    """A backend's own spec section; each backend subclasses it in its own package.
+
+    `backend` (a Literal of the backend's name) is the discriminator the spec's union is keyed by;
+    the user never writes it: `resources.backend` chooses. `location` is where the user writes
+    the section's fields: a top-level key of its own, or "resources" (the fields sit among those).
+    """
+
+    location: ClassVar[str]
+    backend: str
+
+    def check(self, spec: RunSpec) -> None:
+        """Checks that need the rest of the spec; raise ValueError naming the field."""
+
+    def for_node_loss(self) -> Self:
+        """This config as a node-loss drill needs it: every node can be cut off the network alone
+        (unchanged where that needs no setting)."""
+        return self

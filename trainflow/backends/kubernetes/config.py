@@ -1,13 +1,16 @@
-"""Backend sections (moving to their backends)."""
+"""The Kubernetes backend's own spec section (`kubernetes:`) and the checks it needs of the rest of the spec."""
 
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from trainflow.spec.section import Section
+from trainflow.section import BackendConfig, Section
+
+if TYPE_CHECKING:
+    from trainflow.spec import RunSpec
 
 
 class LaunchApi(str, Enum):
@@ -41,8 +44,11 @@ _DNS_SUBDOMAIN = r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$"
 _QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$"
 
 
-class Kubernetes(Section):
-    """Where and how the job runs with resources.backend: kubernetes (ignored by other backends)."""
+class KubernetesConfig(BackendConfig):
+    """Where and how the job runs with resources.backend: kubernetes (the spec's `kubernetes:` section)."""
+
+    location: ClassVar[str] = "kubernetes"
+    backend: Literal["kubernetes"] = "kubernetes"
 
     namespace: str = Field(default="default", pattern=_DNS_LABEL, title="Namespace")
     image: str | None = Field(
@@ -95,36 +101,15 @@ class Kubernetes(Section):
         "(default: TRAINFLOW_STATUS_HOST, set to the flow pod's IP by the work-pool template).",
     )
 
+    def check(self, spec: RunSpec) -> None:
+        if not spec.checkpoint.is_s3:
+            raise ValueError(
+                "checkpoint.uri: the kubernetes backend needs an s3:// URI (pods and the orchestrator share no disk)"
+            )
+        if not self.image:
+            raise ValueError("kubernetes.image: required with resources.backend: kubernetes (a repository or image)")
 
-_SLURM_TIME = r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^UNLIMITED$"
 
-
-class Slurm(Section):
-    """Where and how the job runs with resources.backend: slurm (ignored by other backends)."""
-
-    partition: str | None = Field(default=None, min_length=1, title="Partition", description="Default: the cluster's default partition.")
-    account: str | None = Field(default=None, min_length=1, title="Account")
-    qos: str | None = Field(default=None, min_length=1, title="QOS")
-    time_limit: str | None = Field(
-        default=None,
-        pattern=_SLURM_TIME,
-        title="Time limit",
-        description="Per attempt, in Slurm's form: minutes, HH:MM:SS or D-HH:MM:SS (default: the partition's).",
-    )
-    warn_before_limit_s: Annotated[int, Field(gt=0, le=65535)] | None = Field(
-        default=None,
-        title="Warn before the limit (s)",
-        description="SIGTERM the workers this long before the time limit: an emergency checkpoint, then a new attempt.",
-    )
-    constraint: str | None = Field(default=None, min_length=1, title="Constraint", description="Node features (--constraint).")
-    gres: str | None = Field(default=None, min_length=1, title="GRES", description="Generic resources per node (--gres), e.g. gpu:a100:4.")
-    exclusive: bool = Field(default=False, title="Exclusive", description="Whole nodes for the job (--exclusive).")
-    sbatch_args: list[str] = Field(
-        default_factory=list, title="Extra sbatch options", description="Passed to sbatch as they are, e.g. [--reservation=x]."
-    )
-    status_host: str | None = Field(
-        default=None,
-        title="Status host",
-        description="Address compute nodes use to reach the orchestrator's status channel (default: "
-        "TRAINFLOW_STATUS_HOST, else this machine's address on the route to slurmctld).",
-    )
+def kubernetes_config(spec: RunSpec) -> KubernetesConfig:
+    """The spec's `kubernetes:` section (a RunSpec whose backend is kubernetes)."""
+    return spec.config_of(KubernetesConfig)
