@@ -21,6 +21,7 @@ from trainflow.spec.workload import Workload
 
 Config = TypeVar("Config", bound=BackendConfig)
 
+
 class RunSpec(Section):
     """A training job: what to train, where, how it is split, saved, protected and recorded."""
 
