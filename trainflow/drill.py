@@ -12,15 +12,13 @@ from pathlib import Path
 
 from trainflow.chaos import FaultKind, FaultPlan
 from trainflow.home import trainflow_home
-from trainflow.spec import LocalNetwork, RunSpec, SpecError
+from trainflow.spec import RunSpec, SpecError
 
 
 def drill_spec(spec: RunSpec, plan: FaultPlan) -> RunSpec:
-    """The spec a drill runs: node-loss needs one network namespace per node."""
-    if plan.kind == FaultKind.node_loss and spec.resources.network != LocalNetwork.namespaces:
-        raw = spec.model_dump(mode="json")
-        raw["resources"]["network"] = LocalNetwork.namespaces.value
-        return RunSpec.model_validate(raw)
+    """The spec a drill runs: node-loss needs nodes that can each be cut off the network."""
+    if plan.kind == FaultKind.node_loss:
+        return spec.model_copy(update={"backend_config": spec.backend_config.for_node_loss()})
     return spec
 
 

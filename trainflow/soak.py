@@ -20,7 +20,7 @@ from collections import Counter
 
 from trainflow.chaos import FaultKind, FaultPlan
 from trainflow.drill import EXPECTED_OUTCOME, lost_steps_limit
-from trainflow.spec import LocalNetwork, RunSpec, SpecError
+from trainflow.spec import RunSpec, SpecError
 from trainflow.watcher import HANG_FLOOR_S
 
 # every kind that ends an attempt, so one attempt per fault; a storage outage ends it as INFRA
@@ -68,11 +68,12 @@ def soak_spec(spec: RunSpec, faults: int, kinds: list[FaultKind] | None = None) 
     tolerance["max_preemptions"] = max(tolerance["max_preemptions"], faults)
     tolerance["max_infra_failures"] = max(tolerance["max_infra_failures"], faults)
     tolerance["backoff_s"] = 0  # the faults are planned, not a failing machine: no retry waits for them
-    if FaultKind.node_loss in (kinds or []):
-        raw["resources"]["network"] = LocalNetwork.namespaces.value
     if FaultKind.storage_outage in (kinds or []):
         raw["checkpoint"]["snapshot_every_s"] = 0
-    return RunSpec.model_validate(raw)
+    soaked = RunSpec.model_validate(raw)
+    if FaultKind.node_loss in (kinds or []):
+        return soaked.model_copy(update={"backend_config": soaked.backend_config.for_node_loss()})
+    return soaked
 
 
 def plan_faults(spec: RunSpec, faults: int, seed: int, kinds: list[FaultKind] | None = None) -> list[FaultPlan]:

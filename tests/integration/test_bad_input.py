@@ -43,6 +43,7 @@ CASES = {
     "steps: 1.0e+29": (lambda tmp: _with("workload.steps=1.0e+29"), "workload.steps: must be a whole number"),
     "cpu: inf": (lambda tmp: _with("resources.cpu=inf"), "resources.cpu: must be a number"),
     "cpu: .inf": (lambda tmp: _with("resources.cpu=.inf"), "resources.cpu: must be a finite number"),
+    "another backend's section": (lambda tmp: _with("slurm.partition=debug"), "slurm: only read with resources.backend: slurm"),
 }
 
 

@@ -6,29 +6,31 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import ROOT
-from trainflow.spec import LaunchApi, SpecError, load_spec
+from trainflow.backends.kubernetes.config import KubernetesConfig, LaunchApi, kubernetes_config
+from trainflow.spec import SpecError, load_spec
 
 LOCAL = ROOT / "examples" / "digits" / "spec.yaml"
 K8S = ROOT / "examples" / "specs" / "digits-kubernetes.yaml"
 GPU = ROOT / "examples" / "specs" / "digits-kubernetes-gpu.yaml"
 
 
-def test_a_local_spec_gets_harmless_defaults():
-    k8s = load_spec(LOCAL).kubernetes
-    assert (k8s.namespace, k8s.launch_api, k8s.image, k8s.s3_secret) == ("default", LaunchApi.indexed_job, None, None)
+def test_a_local_spec_records_the_section_at_its_defaults():
+    recorded = load_spec(LOCAL).model_dump(mode="json")["kubernetes"]
+    assert recorded == KubernetesConfig().model_dump(mode="json", exclude={"backend"})
+    assert (recorded["namespace"], recorded["launch_api"], recorded["image"]) == ("default", "indexed-job", None)
 
 
 def test_the_example_specs_load():
-    assert load_spec(K8S).kubernetes.launch_api == LaunchApi.indexed_job
+    assert kubernetes_config(load_spec(K8S)).launch_api == LaunchApi.indexed_job
     gpu = load_spec(GPU)
-    assert gpu.kubernetes.tolerations[0].model_dump(by_alias=True, exclude_none=True) == {
+    assert kubernetes_config(gpu).tolerations[0].model_dump(by_alias=True, exclude_none=True) == {
         "key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
 def test_toleration_seconds_is_written_as_in_kubernetes():
     spec = load_spec(K8S, ['kubernetes.tolerations=[{key: node.kubernetes.io/unreachable, operator: Exists, '
                            'effect: NoExecute, tolerationSeconds: 30}]'])
-    assert spec.kubernetes.tolerations[0].toleration_seconds == 30
+    assert kubernetes_config(spec).tolerations[0].toleration_seconds == 30
 
 
 @pytest.mark.parametrize(

@@ -85,7 +85,7 @@ def test_kinds_that_cannot_run_here_are_left_out_with_a_reason_or_refused_when_a
 def test_the_spec_and_plan_give_each_kind_what_it_needs_to_end_its_attempt():
     kinds = [FaultKind.node_loss, FaultKind.storage_outage, FaultKind.crash]
     soaked = soak_spec(spec(uri="s3://bucket/soak"), 9, kinds)
-    assert soaked.resources.network.value == "namespaces"  # a node lost is a cut network link
+    assert soaked.backend_config.network.value == "namespaces"  # a node lost is a cut network link
     assert soaked.checkpoint.snapshot_every_s == 0  # every save goes to the store the outage cuts
     assert soaked.fault_tolerance.max_infra_failures >= 9 and soaked.fault_tolerance.backoff_s == 0
     plans = plan_faults(soaked, 9, seed=1, kinds=kinds)

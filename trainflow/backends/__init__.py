@@ -7,22 +7,20 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, Launcher, NodeExit, ReleaseReport
-from trainflow.spec import RunSpec
+from trainflow.backends.catalog import LAUNCHER_MODULES, backend_configs, backend_names
+
+if TYPE_CHECKING:  # the spec composes the backends' configs from here: it imports this package
+    from trainflow.spec import RunSpec
 
 __all__ = [
     "Allocation", "AttemptHandle", "AttemptPlan", "Launcher", "NodeExit", "ReleaseReport",
-    "launcher_for", "register",
+    "backend_configs", "backend_names", "launcher_for", "register",
 ]
 
 _REGISTRY: dict[str, Callable[[], Launcher]] = {}
-# the only place that names the built-in backends' modules: each is imported when first chosen
-_MODULES = {
-    "local": "trainflow.backends.local",
-    "kubernetes": "trainflow.backends.kubernetes",
-    "slurm": "trainflow.backends.slurm.launcher",
-}
 
 
 def register(name: str) -> Callable:
@@ -35,8 +33,8 @@ def register(name: str) -> Callable:
 
 def launcher_for(spec: RunSpec) -> Launcher:
     name = spec.resources.backend.value
-    if name in _MODULES and name not in _REGISTRY:
-        importlib.import_module(_MODULES[name])  # the module registers its launcher
+    if name in LAUNCHER_MODULES and name not in _REGISTRY:
+        importlib.import_module(LAUNCHER_MODULES[name])  # the module registers its launcher
     if name not in _REGISTRY:
         raise ValueError(f"resources.backend: {name!r} is not available in this installation")
     return _REGISTRY[name]()

@@ -5,9 +5,10 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from trainflow.spec import RunSpec
+if TYPE_CHECKING:  # the spec imports this package (its backends' configs)
+    from trainflow.spec import RunSpec
 
 
 @dataclass

@@ -22,6 +22,7 @@ import psutil
 
 from trainflow.backends import register
 from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, NodeExit, RankExit, ReleaseReport
+from trainflow.backends.local_config import LocalNetwork, local_config
 from trainflow.backends.netns import NetworkError, NodeNetwork
 from trainflow.backends.parent_death import ending_with_this_process
 from trainflow.backends.ports import free_port, is_listening
@@ -90,7 +91,7 @@ class LocalLauncher:
             ports={"rendezvous": free_port(LOOPBACK)},
             slots=list(range(spec.resources.nodes)),
         )
-        if spec.resources.network.value == "namespaces":
+        if local_config(spec).network == LocalNetwork.namespaces:
             if os.geteuid() != 0 or not shutil.which("ip"):
                 raise ProvisionError("resources.network: namespaces needs root and iproute2 (`ip`)")
             network = NodeNetwork(run_id, spec.resources.nodes)

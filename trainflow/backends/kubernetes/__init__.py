@@ -6,8 +6,3 @@ a Secret per attempt (they hold the status token; secret_env values too); pods r
 Pod status (OOMKilled, evicted, preempted, node lost, image pull errors) is classified in
 `classify`; all API calls go through `cluster.Cluster`.
 """
-
-from trainflow.backends.kubernetes.classify import PodExit, classify_pod, pod_outcome
-from trainflow.backends.kubernetes.launcher import KubernetesLauncher
-
-__all__ = ["KubernetesLauncher", "PodExit", "classify_pod", "pod_outcome"]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from trainflow.backends.kubernetes.classify import classify_pod
 from trainflow.backends.kubernetes.cluster import Cluster, ClusterError
+from trainflow.backends.kubernetes.config import kubernetes_config
 from trainflow.backends.kubernetes.image import (
     ImageError,
     ImageRef,
@@ -61,7 +62,7 @@ def build_in_cluster(
     sleep: Callable[[float], None] = time.sleep,
 ) -> str:
     """Build `image` from the project at `root` with Kaniko; returns the pushed digest."""
-    namespace = spec.kubernetes.namespace
+    namespace = kubernetes_config(spec).namespace
     uri = context_uri(spec, image)
     objects.put(uri, context_tarball(root, context_files(root)))
     job = kaniko_job(spec, run_id, image, uri)

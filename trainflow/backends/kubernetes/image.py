@@ -19,6 +19,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainflow.backends.kubernetes.config import kubernetes_config
 from trainflow.backends.kubernetes.names import IMAGE_BUILD, RunNames
 from trainflow.environment import git_state, PROJECT_ROOT
 from trainflow.spec import RunSpec
@@ -98,7 +99,7 @@ def derived_tag(root: Path, files: list[str], variant: str) -> str:
 
 def planned_image(spec: RunSpec, root: Path = PROJECT_ROOT) -> ImageRef:
     """The image the spec's pods run; a bare repository gets the tag derived from lock and code."""
-    image = ImageRef.parse(spec.kubernetes.image or "")
+    image = ImageRef.parse(kubernetes_config(spec).image or "")
     if image.pinned:
         return image
     return ImageRef(image.repository, derived_tag(root, context_files(root), torch_variant(spec)), derived=True)
@@ -127,7 +128,7 @@ def kaniko_job(spec: RunSpec, run_id: str, image: ImageRef, context: str) -> dic
     """A Job that builds infra/Dockerfile from `context` and pushes `image`; the pushed digest ends
     up as the container's termination message."""
     names = RunNames(run_id)
-    k8s = spec.kubernetes
+    k8s = kubernetes_config(spec)
     container: dict = {
         "name": "kaniko",
         "image": KANIKO_IMAGE,

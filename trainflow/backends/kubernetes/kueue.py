@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from trainflow.backends.kubernetes.cluster import Cluster
+from trainflow.backends.kubernetes.config import kubernetes_config
 from trainflow.quota import TEAM_TAG
 from trainflow.spec import RunSpec
 
@@ -42,7 +43,7 @@ def served_kueue_api(cluster: Cluster) -> str | None:
 
 
 def choose_queue(cluster: Cluster, spec: RunSpec) -> KueueChoice:
-    namespace, named = spec.kubernetes.namespace, spec.kubernetes.kueue_queue
+    namespace, named = kubernetes_config(spec).namespace, kubernetes_config(spec).kueue_queue
     api = served_kueue_api(cluster)
     if named:
         if api is None:
@@ -64,6 +65,6 @@ def choose_queue(cluster: Cluster, spec: RunSpec) -> KueueChoice:
 
 def with_queue(spec: RunSpec, queue: str | None) -> RunSpec:
     """`spec` with the chosen LocalQueue, so the workload is labelled and created suspended for it."""
-    if queue == spec.kubernetes.kueue_queue:
+    if queue == kubernetes_config(spec).kueue_queue:
         return spec
-    return spec.model_copy(update={"kubernetes": spec.kubernetes.model_copy(update={"kueue_queue": queue})})
+    return spec.model_copy(update={"backend_config": kubernetes_config(spec).model_copy(update={"kueue_queue": queue})})

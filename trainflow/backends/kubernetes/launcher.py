@@ -25,6 +25,7 @@ from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, Node
 from trainflow.backends.kubernetes.classify import PodExit, node_index
 from trainflow.backends.kubernetes.cluster import Cluster, ClusterError, KubeCluster
 from trainflow.backends.kubernetes.build import S3Objects, build_in_cluster
+from trainflow.backends.kubernetes.config import LaunchApi, kubernetes_config
 from trainflow.backends.kubernetes.image import ImageError, planned_image
 from trainflow.backends.kubernetes.kueue import KueueChoice, KueueError, choose_queue, with_queue
 from trainflow.backends.kubernetes.manifests import attempt_manifests, headless_service
@@ -42,7 +43,7 @@ from trainflow.backends.kubernetes.workloads import (
 )
 from trainflow.environment import PROJECT_ROOT
 from trainflow.private_files import private_folder
-from trainflow.spec import LaunchApi, RunSpec
+from trainflow.spec import RunSpec
 
 STATUS_HOST_ENV = "TRAINFLOW_STATUS_HOST"
 LOG_TAIL_LINES = 5000
@@ -83,7 +84,7 @@ class KubernetesReleaseReport(ReleaseReport):
 
 
 def status_host_for(spec: RunSpec) -> str:
-    host = spec.kubernetes.status_host or os.environ.get(STATUS_HOST_ENV)
+    host = kubernetes_config(spec).status_host or os.environ.get(STATUS_HOST_ENV)
     if not host:
         raise ProvisionError(
             "kubernetes.status_host: worker pods must reach the orchestrator's status channel; set it, or "
@@ -129,7 +130,7 @@ class KubernetesLauncher:
     # provision ------------------------------------------------------------------------------
 
     def provision(self, spec: RunSpec, run_id: str, scratch: Path) -> Allocation:
-        k8s = spec.kubernetes
+        k8s = kubernetes_config(spec)
         namespace = k8s.namespace
         status_host = status_host_for(spec)
         try:
@@ -152,7 +153,7 @@ class KubernetesLauncher:
         return allocation
 
     def _check_cluster_fits(self, spec: RunSpec) -> KueueChoice:
-        k8s = spec.kubernetes
+        k8s = kubernetes_config(spec)
         namespace = k8s.namespace
         if self.cluster.namespace_exists(namespace) is False:
             raise ProvisionError(
@@ -228,8 +229,8 @@ class KubernetesLauncher:
     def launch(self, spec: RunSpec, allocation: Allocation, plan: AttemptPlan) -> AttemptHandle:
         image = self.prepare_image(spec, allocation)["reference"]
         plan = dataclasses.replace(plan, status_address=self.pod_status_address(plan, allocation))
-        namespace = spec.kubernetes.namespace
-        spec = with_queue(spec, allocation.details.get("kueue", {}).get("queue", spec.kubernetes.kueue_queue))
+        namespace = kubernetes_config(spec).namespace
+        spec = with_queue(spec, allocation.details.get("kueue", {}).get("queue", kubernetes_config(spec).kueue_queue))
         config_secret, workload = attempt_manifests(spec, allocation.run_id, plan, image, secret_environment(spec))
         try:
             owner = orchestrator_owner(namespace)
@@ -243,7 +244,7 @@ class KubernetesLauncher:
         nodes = spec.resources.nodes
         attempt_dir = allocation.scratch / f"attempt-{plan.attempt}"
         private_folder(attempt_dir)
-        container = PYTORCH_CONTAINER if spec.kubernetes.launch_api == LaunchApi.pytorchjob else CONTAINER
+        container = PYTORCH_CONTAINER if kubernetes_config(spec).launch_api == LaunchApi.pytorchjob else CONTAINER
         handle = KubernetesAttempt(
             attempt=plan.attempt,
             nodes=nodes,

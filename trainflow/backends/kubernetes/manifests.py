@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from trainflow.backends.base import AttemptPlan
+from trainflow.backends.kubernetes.config import kubernetes_config
 from trainflow.backends.kubernetes.names import LABEL_COMPONENT, LABEL_RUN, RENDEZVOUS, WORKER_CONFIG, WORKERS, RunNames
 from trainflow.backends.kubernetes.pod import RENDEZVOUS_PORT, SCRATCH_DIR, SECRET_ENV_KEY, config_keys
 from trainflow.backends.kubernetes.workloads import Attempt, workload
@@ -25,7 +26,7 @@ def headless_service(spec: RunSpec, run_id: str) -> dict:
         "kind": "Service",
         "metadata": {
             "name": names.service,
-            "namespace": spec.kubernetes.namespace,
+            "namespace": kubernetes_config(spec).namespace,
             "labels": names.labels(RENDEZVOUS),
             "annotations": names.annotations(),
         },
@@ -41,7 +42,7 @@ def headless_service(spec: RunSpec, run_id: str) -> dict:
 
 def worker_configs(spec: RunSpec, run_id: str, plan: AttemptPlan) -> dict[str, str]:
     """Secret key -> the worker config JSON of that node (the local backend's file, verbatim)."""
-    keys = config_keys(spec.kubernetes.launch_api, spec.resources.nodes)
+    keys = config_keys(kubernetes_config(spec).launch_api, spec.resources.nodes)
     return {
         key: json.dumps(dataclasses.asdict(worker_config(spec, run_id, plan, node, Path(SCRATCH_DIR))), indent=1)
         for key, node in keys.items()
@@ -58,7 +59,7 @@ def worker_config_secret(spec: RunSpec, run_id: str, plan: AttemptPlan, secret_e
         "type": "Opaque",
         "metadata": {
             "name": names.config(plan.attempt),
-            "namespace": spec.kubernetes.namespace,
+            "namespace": kubernetes_config(spec).namespace,
             "labels": names.labels(WORKER_CONFIG, plan.attempt),
             "annotations": names.annotations(),
         },

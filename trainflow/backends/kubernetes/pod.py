@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from trainflow.backends.kubernetes.config import LaunchApi, kubernetes_config
 from trainflow.backends.kubernetes.names import LABEL_ATTEMPT, LABEL_RUN, WORKERS, RunNames
-from trainflow.spec import LaunchApi, RunSpec
+from trainflow.spec import RunSpec
 from trainflow.worker_config import CONFIG_ENV, JOB_ENV
 
 CONTAINER = "trainer"
@@ -98,22 +99,22 @@ def config_keys(api: LaunchApi, nodes: int) -> dict[str, int]:
 
 def affinity(spec: RunSpec, names: RunNames, attempt: int) -> dict | None:
     """All nodes of an attempt in one topology domain (zone, rack...) of `kubernetes.topology_key`."""
-    if not spec.kubernetes.topology_key:
+    if not kubernetes_config(spec).topology_key:
         return None
     peers = {"matchLabels": {LABEL_RUN: names.base, LABEL_ATTEMPT: str(attempt)}}
-    term = {"labelSelector": peers, "topologyKey": spec.kubernetes.topology_key}
+    term = {"labelSelector": peers, "topologyKey": kubernetes_config(spec).topology_key}
     return {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
 
 
 def volumes(spec: RunSpec, names: RunNames, attempt: int) -> list[dict]:
     scratch: dict = {}
-    if spec.kubernetes.local_tier_volume:
-        scratch["sizeLimit"] = spec.kubernetes.local_tier_volume
+    if kubernetes_config(spec).local_tier_volume:
+        scratch["sizeLimit"] = kubernetes_config(spec).local_tier_volume
     return [
         # the default mode: the image runs as a non-root user, and nothing else shares the pod
         {"name": "worker-config", "secret": {
             "secretName": names.config(attempt),
-            "items": [{"key": key, "path": key} for key in config_keys(spec.kubernetes.launch_api, spec.resources.nodes)],
+            "items": [{"key": key, "path": key} for key in config_keys(kubernetes_config(spec).launch_api, spec.resources.nodes)],
         }},
         {"name": "local-tier", "emptyDir": scratch},
         # the default 64 MiB /dev/shm is too small for data loader workers and NCCL
@@ -133,7 +134,7 @@ def pod_template(
     subdomain: str | None = None,
 ) -> dict:
     names = RunNames(run_id)
-    k8s = spec.kubernetes
+    k8s = kubernetes_config(spec)
     main = {
         "name": container,
         "image": image,

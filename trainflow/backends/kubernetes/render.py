@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from trainflow.backends.base import AttemptPlan
+from trainflow.backends.kubernetes.config import kubernetes_config
 from trainflow.backends.kubernetes.image import context_uri, kaniko_job, planned_image
 from trainflow.backends.kubernetes.manifests import attempt_manifests, headless_service
 from trainflow.environment import PROJECT_ROOT, git_state
@@ -30,7 +31,7 @@ def rendered(spec: RunSpec, run_id: str, attempt: int = 1, root: Path = PROJECT_
     commit, dirty = git_state(root)
     plan = AttemptPlan(
         attempt=attempt,
-        status_address=f"{spec.kubernetes.status_host or PLACEHOLDER_HOST}:{PLACEHOLDER_PORT}",
+        status_address=f"{kubernetes_config(spec).status_host or PLACEHOLDER_HOST}:{PLACEHOLDER_PORT}",
         status_token=PLACEHOLDER_TOKEN,
         code_version=commit[:12] + ("-dirty" if dirty else ""),
         restore_prefix=None,

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainflow.backends.kubernetes.classify import REPLICA_INDEX, pod_failure_policy
+from trainflow.backends.kubernetes.config import LaunchApi, kubernetes_config
 from trainflow.backends.kubernetes.names import KUEUE_QUEUE_LABEL, WORKERS, RunNames
 from trainflow.backends.kubernetes.pod import (
     CONTAINER,
@@ -25,7 +26,7 @@ from trainflow.backends.kubernetes.pod import (
     pod_template,
     torchrun_command,
 )
-from trainflow.spec import LaunchApi, RunSpec
+from trainflow.spec import RunSpec
 
 JOBSET_API = ("jobset.x-k8s.io/v1alpha2", "JobSet")
 PYTORCHJOB_API = ("kubeflow.org/v1", "PyTorchJob")
@@ -58,11 +59,11 @@ class Attempt:
 
 def _metadata(attempt: Attempt) -> dict:
     labels = attempt.names.labels(WORKERS, attempt.attempt)
-    if attempt.spec.kubernetes.kueue_queue:
-        labels[KUEUE_QUEUE_LABEL] = attempt.spec.kubernetes.kueue_queue
+    if kubernetes_config(attempt.spec).kueue_queue:
+        labels[KUEUE_QUEUE_LABEL] = kubernetes_config(attempt.spec).kueue_queue
     return {
         "name": attempt.name,
-        "namespace": attempt.spec.kubernetes.namespace,
+        "namespace": kubernetes_config(attempt.spec).namespace,
         "labels": labels,
         "annotations": attempt.names.annotations(),
     }
@@ -93,7 +94,7 @@ def indexed_job(attempt: Attempt) -> dict:
         "metadata": _metadata(attempt),
         "spec": _indexed_job_spec(attempt, f"{attempt.name}-0.{service}", subdomain=service),
     }
-    if attempt.spec.kubernetes.kueue_queue:
+    if kubernetes_config(attempt.spec).kueue_queue:
         job["spec"]["suspend"] = True  # Kueue unsuspends it once the whole job is admitted
     return job
 
@@ -115,7 +116,7 @@ def jobset(attempt: Attempt) -> dict:
             }
         ],
     }
-    if attempt.spec.kubernetes.kueue_queue:
+    if kubernetes_config(attempt.spec).kueue_queue:
         spec["suspend"] = True
     return {"apiVersion": JOBSET_API[0], "kind": JOBSET_API[1], "metadata": _metadata(attempt), "spec": spec}
 
@@ -143,7 +144,7 @@ def pytorchjob(attempt: Attempt) -> dict:
             "template": template(NodeIdentity((replica_index,), "worker-$(TRAINFLOW_REPLICA).json")),
         }
     run_policy: dict = {"backoffLimit": 0, "cleanPodPolicy": "None"}  # pods stay until teardown: their status is evidence
-    if attempt.spec.kubernetes.kueue_queue:
+    if kubernetes_config(attempt.spec).kueue_queue:
         run_policy["suspend"] = True
     return {
         "apiVersion": PYTORCHJOB_API[0],
@@ -161,7 +162,7 @@ WORKLOADS: dict[LaunchApi, tuple[tuple[str, str], Callable[[Attempt], dict]]] = 
 
 
 def workload(attempt: Attempt) -> dict:
-    return WORKLOADS[attempt.spec.kubernetes.launch_api][1](attempt)
+    return WORKLOADS[kubernetes_config(attempt.spec).launch_api][1](attempt)
 
 
 def workload_api(api: LaunchApi) -> tuple[str, str]:

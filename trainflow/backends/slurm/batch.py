@@ -10,6 +10,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from trainflow.backends.slurm.config import slurm_config
 from trainflow.backends.slurm.node_agent import RDZV_ENV
 from trainflow.spec import RunSpec
 
@@ -28,7 +29,7 @@ def memory_mb(quantity: str) -> int:
 
 
 def sbatch_command(spec: RunSpec, run_id: str, attempt_dir: Path, exclude: list[str]) -> list[str]:
-    res, slurm = spec.resources, spec.slurm
+    res, slurm = spec.resources, slurm_config(spec)
     command = [
         "sbatch", "--parsable",
         f"--job-name={job_name(run_id)}",

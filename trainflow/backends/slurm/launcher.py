@@ -29,6 +29,7 @@ from trainflow.backends.processes import describe, job_processes
 from trainflow.backends.slurm import commands
 from trainflow.backends.slurm.batch import batch_script, job_name, sbatch_command
 from trainflow.backends.slurm.commands import JobState, SlurmError
+from trainflow.backends.slurm.config import slurm_config
 from trainflow.backends.slurm.links import ClusterLinks
 from trainflow.backends.slurm.node_agent import LAUNCH_FILE, exit_file, read_signal
 from trainflow.backends.worker import worker_config
@@ -84,7 +85,7 @@ class SlurmNodeTask:
 def status_host(spec) -> str:
     """Where nodes reach the orchestrator: the spec's, TRAINFLOW_STATUS_HOST, else this machine's
     address on its route to the controller."""
-    chosen = spec.slurm.status_host or os.environ.get("TRAINFLOW_STATUS_HOST")
+    chosen = slurm_config(spec).status_host or os.environ.get("TRAINFLOW_STATUS_HOST")
     if chosen:
         return chosen
     controller = commands.controller_address()
@@ -117,11 +118,11 @@ class SlurmLauncher:
             raise ProvisionError(f"resources.backend: slurm needs Slurm's commands on PATH ({', '.join(missing)} "
                                  "missing): run on a login node, or install slurm-client and set SLURM_CONF")
         try:
-            nodes = commands.partition_nodes(spec.slurm.partition)
+            nodes = commands.partition_nodes(slurm_config(spec).partition)
         except SlurmError as exc:
             raise ProvisionError(f"resources.backend: slurm: the cluster does not answer: {exc}") from None
         if not nodes:
-            raise ProvisionError(f"slurm.partition: {spec.slurm.partition or 'the default partition'} has no nodes")
+            raise ProvisionError(f"slurm.partition: {slurm_config(spec).partition or 'the default partition'} has no nodes")
         if len(nodes) < spec.resources.nodes:
             raise ProvisionError(f"resources.nodes: {spec.resources.nodes} asked, the partition has {len(nodes)}")
         return nodes
@@ -136,7 +137,7 @@ class SlurmLauncher:
         hosts = sorted(nodes)
         allocation = Allocation(run_id=run_id, backend=self.name, nodes=spec.resources.nodes, scratch=scratch,
                                 status_host=host, slots=list(range(len(hosts))))
-        allocation.details.update({"hosts": hosts, "exclude": [], "jobs": [], "partition": spec.slurm.partition})
+        allocation.details.update({"hosts": hosts, "exclude": [], "jobs": [], "partition": slurm_config(spec).partition})
         links = ClusterLinks.for_cluster(hosts)
         if links is not None:  # a cluster brought up by local_cluster: node links can be cut for drills
             allocation.details["network"] = links
@@ -164,7 +165,7 @@ class SlurmLauncher:
         allocation.details["jobs"].append(job_id)
         handle.workers = {"job_id": job_id, "run_id": allocation.run_id, "attempt_dir": attempt_dir, "job": None, "asked_at": 0.0,
                           "exclude": list(allocation.details["exclude"]), "hosts": allocation.details["hosts"],
-                          "warn_before_limit_s": spec.slurm.warn_before_limit_s, "signalled_at": None,
+                          "warn_before_limit_s": slurm_config(spec).warn_before_limit_s, "signalled_at": None,
                           "limit_ends_at": None}
         handle.processes = {node: SlurmNodeTask(self, handle, node) for node in range(nodes)}
         return handle

@@ -1,0 +1,141 @@
+"""`trainflow drill` and `trainflow soak`: faults injected from outside, and what the run made of them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from trainflow.cli.output import EXIT_FAILED, fail_input
+from trainflow.cli.signals import orchestrating, stop_on_sigterm
+from trainflow.spec import SpecError, load_spec
+
+
+def drill(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="Run spec (YAML).")],
+    fault: Annotated[str, typer.Option("--fault", help="crash, kill, hang, straggler, preempt, node-loss, "
+                                       "storage-outage or corrupt-checkpoint.")],
+    at_step: Annotated[int, typer.Option("--at-step", help="Inject once every rank reached this step.")] = 30,
+    rank: Annotated[Optional[int], typer.Option("--rank", help="Target rank (process faults).")] = None,
+    node: Annotated[Optional[int], typer.Option("--node", help="Target node (preempt, node-loss).")] = None,
+    duration_s: Annotated[float, typer.Option("--duration", help="Straggler or outage length (s).")] = 8.0,
+    permanent: Annotated[bool, typer.Option("--permanent", help="node-loss: the node never comes back.")] = False,
+    overrides: Annotated[Optional[list[str]], typer.Option("--set", help="Override a spec field.")] = None,
+    fresh_baseline: Annotated[bool, typer.Option("--fresh-baseline", help="Do not reuse a baseline.")] = False,
+    compare_torchrun: Annotated[
+        bool, typer.Option("--compare-torchrun/--no-compare-torchrun", help="Also time torchrun's own restart.")
+    ] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="End with one JSON line: the drill report.")] = False,
+) -> None:
+    """Inject one fault from outside into a run and report detection, recovery and exactness."""
+    from pydantic import ValidationError
+
+    from trainflow.chaos import FaultPlan
+    from trainflow.drill import check_plan, drill_spec
+    from trainflow.preflight import preflight
+
+    if rank is not None and node is not None:
+        fail_input("--rank and --node: give one target, not both")
+    try:
+        plan = FaultPlan(kind=fault, at_step=at_step, rank=rank, node=node, duration_s=duration_s, permanent=permanent)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        fail_input(f"--{'fault' if first['loc'][0] == 'kind' else first['loc'][0]}: {first['msg']}")
+    try:
+        spec = load_spec(spec_path, overrides or [])
+        check_plan(spec, plan)
+        preflight(drill_spec(spec, plan))
+    except SpecError as exc:
+        fail_input(str(exc))
+
+    with orchestrating():
+        from flows.drill import fault_drill
+
+        state = fault_drill(spec, plan, fresh_baseline=fresh_baseline, compare_torchrun=compare_torchrun,
+                            return_state=True)
+    report = state.result(raise_on_failure=False)
+    if not isinstance(report, dict):
+        typer.echo(f"trainflow: the drill crashed: {state.message}", err=True)
+        if as_json:  # --json always ends with a JSON line
+            typer.echo(json.dumps({"fault": plan.kind.value, "passed": False, "status": "crashed",
+                                   "broken_rules": [f"the drill crashed: {state.message}"]}))
+        raise typer.Exit(EXIT_FAILED)
+    print_drill(report)
+    if as_json:
+        typer.echo(json.dumps(report, default=str))
+    raise typer.Exit(0 if report["passed"] else EXIT_FAILED)
+
+
+def soak(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="Run spec (YAML).")],
+    faults: Annotated[int, typer.Option("--faults", min=1, help="How many faults, of every kind in turn.")] = 8,
+    seed: Annotated[int, typer.Option("--seed", help="Seeds the faults' kinds, steps and ranks.")] = 0,
+    load: Annotated[bool, typer.Option("--load", help="A busy loop per core beside the job for the whole soak.")] = False,
+    load_niceness: Annotated[int, typer.Option("--load-niceness", min=0, max=19, help="Nice value of the busy loops.")] = 0,
+    kinds: Annotated[Optional[str], typer.Option("--kinds", help="Comma-separated fault kinds (default: every kind "
+                                                 "this machine and spec can soak).")] = None,
+    overrides: Annotated[Optional[list[str]], typer.Option("--set", help="Override a spec field.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="End with one JSON line: the soak report.")] = False,
+) -> None:
+    """One longer job with many faults at random steps: confusion matrix, lost steps, exactness, leftovers."""
+    from trainflow.chaos import FaultKind
+    from trainflow.preflight import preflight
+    from trainflow.soak import plan_faults, render_confusion, soak_kinds, soak_spec
+
+    try:
+        spec = load_spec(spec_path, overrides or [])
+        try:
+            wanted = [FaultKind(k.strip()) for k in kinds.split(",")] if kinds else None
+        except ValueError as exc:
+            raise SpecError(f"--kinds: {exc}; known: {', '.join(k.value for k in FaultKind)}") from None
+        chosen, _ = soak_kinds(spec, wanted)
+        plan_faults(soak_spec(spec, faults, chosen), faults, seed, chosen)
+        preflight(spec)
+    except SpecError as exc:
+        fail_input(str(exc))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from flows.soak import soak as soak_flow
+
+    stop_on_sigterm()
+    state = soak_flow(spec, faults, seed=seed, load=load, load_niceness=load_niceness, kinds=wanted,
+                      return_state=True)
+    report = state.result(raise_on_failure=False)
+    if not isinstance(report, dict):
+        report = {"faults": faults, "passed": False, "status": "crashed", "reason": str(state.message)}
+    typer.echo(f"soak of {faults} faults: {'PASSED' if report['passed'] else 'FAILED'} ({report.get('reason')})")
+    if "confusion" in report:
+        typer.echo(render_confusion(report))
+        for fault in report["per_fault"]:
+            typer.echo(f"  {fault['kind']} at step {fault['injected_at_step']} (asked {fault['at_step']}): "
+                       f"{fault['detected']}, lost {fault['lost_steps']} step(s)")
+        typer.echo(f"  params match the baseline: {report['params_match_baseline']}; leftovers: "
+                   f"{report['leftovers'] or 'none'}; unexplained attempts: {len(report['unexplained_attempts'])}")
+        for kind, why in report.get("kinds_not_soaked", {}).items():
+            typer.echo(f"  not soaked: {kind}: {why}")
+        if report.get("load"):
+            typer.echo(f"  load: {report['load']['processes']} busy loop(s) at nice {report['load']['niceness']}")
+    if as_json:
+        typer.echo(json.dumps(report, default=str))
+    raise typer.Exit(0 if report["passed"] else EXIT_FAILED)
+
+
+def print_drill(report: dict) -> None:
+    echo = typer.echo
+    echo()
+    echo(f"drill {report['fault']}: {'PASSED' if report['passed'] else 'FAILED'} ({report['target']})")
+    for rule in report.get("broken_rules", []):
+        echo(f"  broken: {rule}")
+    echo(f"  detected as {report['detected_kind']} after {report['detection_latency_s']} s; "
+         f"recovered in {report['recovery_s']} s (torchrun alone: {report['torchrun_restart_s']} s)")
+    echo(f"  attempts {report['outcomes']}, resumed from step {report['resumed_from_step']}, "
+         f"lost {report['lost_steps']} step(s), goodput {report['goodput']}")
+    echo(f"  params match the baseline: {report['params_match_baseline']}; "
+         f"resources released: {report['resources_released']}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(drill)
+    app.command()(soak)

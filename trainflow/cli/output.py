@@ -1,0 +1,74 @@
+"""What every command prints: bad input as one line (exit 2), a lifecycle's summary and exit code,
+live progress on a terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from contextlib import contextmanager
+
+import typer
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+def fail_input(message: str) -> None:
+    typer.echo(f"trainflow: {message}", err=True)
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+
+@contextmanager
+def live_progress():
+    """A progress bar (step, loss, attempt, ETA) on stderr when it is a terminal."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    from trainflow.progress import draw_while
+
+    running = threading.Event()
+    running.set()
+    drawer = threading.Thread(target=draw_while, args=(running,), daemon=True)
+    drawer.start()
+    try:
+        yield
+    finally:
+        running.clear()
+        drawer.join(2)
+
+
+def finish(state, as_json: bool) -> None:
+    """Print the summary a lifecycle state carries and exit with its code."""
+    summary = state.result(raise_on_failure=False)
+    if not isinstance(summary, dict):
+        typer.echo(f"trainflow: the lifecycle crashed: {state.message}", err=True)
+        raise typer.Exit(EXIT_FAILED)
+    if summary["status"] == "refused":  # a rerun whose code or environment drifted: nothing ran
+        fail_input(summary["reason"])
+    print_summary(summary)
+    if as_json:
+        from trainflow.contracts import RunSummary
+
+        typer.echo(json.dumps(RunSummary.model_validate(summary).as_json_dict()))
+    raise typer.Exit(0 if summary["status"] == "succeeded" else EXIT_FAILED)
+
+
+
+def print_summary(summary: dict) -> None:
+    from trainflow.summary import closing_lines
+
+    typer.echo()
+    for line in closing_lines(summary, _prefect_ui_url()):
+        typer.echo(line)
+
+
+def _prefect_ui_url() -> str | None:
+    """The UI of the Prefect server named by PREFECT_API_URL; None when the run had a temporary one."""
+    if not os.environ.get("PREFECT_API_URL"):
+        return None
+    from prefect.settings import PREFECT_UI_URL
+
+    return PREFECT_UI_URL.value()
