@@ -71,7 +71,7 @@ def lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None = None)
         quota = wait_for_quota(record)  # held from here until after teardown
         provisioned = provision(record)
         ready = prepare_image(provisioned)
-        restore_from = find_resume_point(record) if resume else None
+        restore_from = find_resume_point(provisioned) if resume else None
         attempt_spec, results, snapshots, injections = None, [], [], []  # None: the run's own spec
         for attempt in count(1):
             faults = [plan for plan in chaos or [] if plan.attempt == attempt]

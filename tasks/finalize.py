@@ -7,20 +7,17 @@ from prefect import get_run_logger
 from tasks import lifecycle_task
 from tasks.records import CheckpointRecord, Launched
 from trainflow.checkpoint.catalog import list_committed, missing_or_resized
-from trainflow.checkpoint.storage import StorageError, open_storage
+from trainflow.checkpoint.storage import Storage, StorageError
 from trainflow.contracts import AttemptResult, RunSummary, run_ledger
 from trainflow.diagnosis import diagnose
 from trainflow.failures import Decision
-from trainflow.home import resolve_checkpoint_uri
 from trainflow.plots import log_run_plots
-from trainflow.spec import RunSpec
 from trainflow.summary import run_status
 from trainflow.workload_mode import features_off
 
 
-def checkpoint_index(spec: RunSpec, run_id: str) -> list[dict]:
+def checkpoint_index(storage: Storage, run_id: str) -> list[dict]:
     """This run's checkpoints still in the store, each checked against its manifest's sizes."""
-    storage = open_storage(resolve_checkpoint_uri(spec.checkpoint.uri))
     return [
         {
             "step": c.step,
@@ -43,7 +40,7 @@ def finalize(
     last = results[-1]
     finished = last.finished or {}
     try:
-        checkpoints = checkpoint_index(spec, record.run_id)
+        checkpoints = checkpoint_index(last_attempt.provisioned.storage, record.run_id)
     except StorageError as exc:  # the store is unreachable now: report what the snapshots verified
         get_run_logger().warning("checkpoint index from the snapshots only: %s", exc)
         checkpoints = [{"step": c.step, "uri": c.uri, "verified": c.verified, "bytes": c.bytes}

@@ -7,22 +7,21 @@ import time
 from prefect import get_run_logger
 
 from tasks import lifecycle_task
-from tasks.records import Launched, Ready, RunRecord
+from tasks.records import Launched, Provisioned, Ready
 from trainflow.backends import AttemptPlan
 from trainflow.checkpoint.catalog import Committed, latest_verified
-from trainflow.checkpoint.storage import StorageError, open_storage
+from trainflow.checkpoint.storage import StorageError
 from trainflow.environment import Environment
-from trainflow.home import resolve_checkpoint_uri
 from trainflow.spec import RunSpec
 
 
 # the checkpoint store may be briefly unreachable (the reason for the retry, often): wait for it
 # rather than resume from the wrong place
 @lifecycle_task(name="find-resume-point", retries=4, retry_delay_seconds=[2, 4, 8, 16])
-def find_resume_point(record: RunRecord) -> Committed | None:
+def find_resume_point(provisioned: Provisioned) -> Committed | None:
     """The newest verified checkpoint of any run under the spec's checkpoint URI."""
-    spec = record.spec
-    found = latest_verified(open_storage(resolve_checkpoint_uri(spec.checkpoint.uri)))
+    spec = provisioned.record.spec
+    found = latest_verified(provisioned.storage)
     logger = get_run_logger()
     if found is None:
         logger.info("no verified checkpoint under %s: starting from step 0", spec.checkpoint.uri)
@@ -42,8 +41,7 @@ def choose_retry_point(failed: Launched, resume: bool, previous: Committed | Non
     resumes from `previous` (its nodes' own copies come first anyway), and a restore that fails
     there ends it as INFRA, on the retry branch. `failed` is the attempt that just ended."""
     logger = get_run_logger()
-    spec, run_id = failed.record.spec, failed.record.run_id
-    storage = open_storage(resolve_checkpoint_uri(spec.checkpoint.uri))
+    spec, run_id, storage = failed.record.spec, failed.record.run_id, failed.provisioned.storage
     for wait_s in (*RETRY_POINT_WAITS_S, None):
         try:
             found = latest_verified(storage, run_id)

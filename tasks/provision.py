@@ -9,7 +9,8 @@ from tasks.records import Provisioned, RunRecord
 from trainflow import live
 from trainflow.backends import launcher_for
 from trainflow.backends.abilities import BindsStatusElsewhere
-from trainflow.home import runs_root
+from trainflow.checkpoint.storage import open_storage
+from trainflow.home import resolve_checkpoint_uri, runs_root
 from trainflow.orphans import reap_stale_runs, write_marker
 from trainflow.status import StatusServer
 from trainflow.tracking import Tracker
@@ -31,7 +32,8 @@ def provision(record: RunRecord) -> Provisioned:
     # bind where the backend says (0.0.0.0 for pods), advertise the address workers can reach
     bind_host = launcher.status_bind_host if isinstance(launcher, BindsStatusElsewhere) else allocation.status_host
     channel = StatusServer(host=bind_host, advertise_host=allocation.status_host)
-    live.open_run(record.run_id, live.LiveParts(launcher, channel, Tracker(record.tracking_uri)))
+    storage = open_storage(resolve_checkpoint_uri(spec.checkpoint.uri))
+    live.open_run(record.run_id, live.LiveParts(launcher, channel, Tracker(record.tracking_uri), storage))
     logger.info(
         "provisioned %d %s node(s) x %d process(es); status channel on %s",
         allocation.nodes, launcher.name, spec.resources.procs_per_node, channel.address,

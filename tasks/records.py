@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from trainflow import live
 from trainflow.backends import Allocation, AttemptHandle, Launcher
+from trainflow.checkpoint.storage import Storage
 from trainflow.environment import Environment
 from trainflow.spec import RunSpec
 from trainflow.status import StatusServer
@@ -58,6 +59,11 @@ class Provisioned(HandOff):
     @property
     def tracker(self) -> Tracker:
         return live.parts_of(self.record.run_id).tracker
+
+    @property
+    def storage(self) -> Storage:
+        """The run's checkpoint store."""
+        return live.parts_of(self.record.run_id).storage
 
 
 class Ready(HandOff):

@@ -20,8 +20,7 @@ from trainflow.checkpoint.catalog import (
     read_manifest,
 )
 from trainflow.checkpoint.manifest import ManifestError
-from trainflow.checkpoint.storage import StorageError, open_storage
-from trainflow.home import resolve_checkpoint_uri
+from trainflow.checkpoint.storage import StorageError
 
 TIMINGS = ("stage_s", "save_s", "hash_s", "upload_s", "commit_s")
 
@@ -32,7 +31,7 @@ def snapshot_checkpoint(launched: Launched, commit: dict) -> CheckpointRecord:
     what retention promises; a failed or rejected checkpoint is recorded as such."""
     logger = get_run_logger()
     spec, record = launched.spec, launched.record
-    storage = open_storage(resolve_checkpoint_uri(spec.checkpoint.uri))
+    storage = launched.provisioned.storage
     uri = f"{storage.uri}/{commit['prefix']}"
     tracker, run = launched.provisioned.tracker, record.mlflow_run_id
     step, at, size = int(commit["step"]), commit["t"], int(commit.get("bytes", 0))

@@ -15,8 +15,8 @@ from tasks.records import Launched, Provisioned, RunRecord
 from trainflow import live
 from trainflow.checkpoint.catalog import latest_verified
 from trainflow.checkpoint.keep_local import keep_newer_local_checkpoints
-from trainflow.checkpoint.storage import StorageError, open_storage
-from trainflow.home import resolve_checkpoint_uri, trainflow_home
+from trainflow.checkpoint.storage import StorageError
+from trainflow.home import trainflow_home
 from trainflow.orphans import clear_unprovisioned
 from trainflow.spec import RunSpec
 from trainflow.tracking import PARENT_TAG, Tracker, tracking_uri_for
@@ -51,7 +51,7 @@ def teardown(
                 logger.info("attempt %d stopped (%d process(es); SIGTERM, then SIGKILL after %g s)",
                             last_attempt.attempt, stopped, grace_s)
             provisioned.channel.close()
-            kept = keep_undurable_state(spec, run_id, provisioned, logger)
+            kept = keep_undurable_state(run_id, provisioned, logger)
             report = provisioned.launcher.release(provisioned.allocation).as_dict()
             report["kept_paths"] = kept
             report["status_channel_closed"] = True
@@ -72,12 +72,12 @@ def teardown(
     return report
 
 
-def keep_undurable_state(spec: RunSpec, run_id: str, provisioned: Provisioned,
+def keep_undurable_state(run_id: str, provisioned: Provisioned,
                          logger: logging.Logger | logging.LoggerAdapter) -> list[str]:
     """Move a node-local checkpoint newer than the store's newest verified one out of the scratch
     that release removes: it is the only copy of the newest state."""
     try:
-        durable = latest_verified(open_storage(resolve_checkpoint_uri(spec.checkpoint.uri)), run_id)
+        durable = latest_verified(provisioned.storage, run_id)
     except StorageError as exc:
         logger.warning("checkpoint store unreadable at teardown (%s): keeping the newest node-local copy", exc)
         durable = None

@@ -1,8 +1,8 @@
 """The live parts of a run in this orchestrator process, found by the run's id.
 
 Task results are plain records. What cannot be one lives here, under the run's id: the backend's
-launcher (it holds the processes), the status channel (a listening socket), the MLflow client, and
-each attempt's feed of checkpoint commits from the watch to the flow, which snapshots them while the
+launcher (it holds the processes), the status channel (a listening socket), the MLflow client, the
+checkpoint store's client (opened once, from the spec's URI), and each attempt's feed of checkpoint commits from the watch to the flow, which snapshots them while the
 watch goes on. Provision opens a run's parts and teardown closes them.
 """
 
@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from trainflow.backends import Launcher
+from trainflow.checkpoint.storage import Storage
 from trainflow.status import StatusServer
 from trainflow.tracking import Tracker
 
@@ -25,6 +26,7 @@ class LiveParts:
     launcher: Launcher
     channel: StatusServer
     tracker: Tracker
+    storage: Storage
     commit_feeds: dict[int, queue.Queue] = field(default_factory=dict)  # attempt -> its commits
 
 
