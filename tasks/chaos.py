@@ -16,7 +16,7 @@ from trainflow.spec import RunSpec
 def inject_fault(spec: RunSpec, plan: FaultPlan, provisioned: Provisioned, handle: AttemptHandle) -> Injection:
     """Wait for the planned step, then break what the plan says."""
     injection = inject(
-        plan, handle, provisioned.channel, provisioned.allocation,
+        plan, provisioned.launcher, handle, provisioned.channel, provisioned.allocation,
         resolve_checkpoint_uri(spec.checkpoint.uri), spec.world_size,
     )
     logger = get_run_logger()

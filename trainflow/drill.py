@@ -10,7 +10,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from trainflow.chaos import FaultKind, FaultPlan
+from trainflow.backends import launcher_for
+from trainflow.chaos import FaultKind, FaultPlan, backend_inability
 from trainflow.home import trainflow_home
 from trainflow.spec import LocalNetwork, RunSpec, SpecError
 
@@ -34,8 +35,9 @@ def check_plan(spec: RunSpec, plan: FaultPlan) -> None:
         raise SpecError(f"--node {plan.node}: the job has {spec.resources.nodes} node(s)")
     if plan.kind == FaultKind.storage_outage and not spec.checkpoint.is_s3:
         raise SpecError("--fault storage-outage: needs an s3:// checkpoint.uri")
-    if plan.kind in (FaultKind.node_loss, FaultKind.preempt) and spec.resources.backend.value not in ("local", "slurm"):
-        raise SpecError(f"--fault {plan.kind.value}: drills run on the local and slurm backends")
+    inability = backend_inability(plan.kind, launcher_for(spec))
+    if inability:
+        raise SpecError(f"--fault {plan.kind.value}: {inability}")
 
 
 def baseline_key(spec: RunSpec, environment_fingerprint: str) -> str:

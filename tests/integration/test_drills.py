@@ -112,3 +112,8 @@ def test_drill_refuses_impossible_plans(drill_env):
     assert result.returncode == 2 and "--node 5" in result.stderr
     result = run_cli(["drill", SPEC, "--fault", "storage-outage", *JOB], drill_env, timeout_s=60)
     assert result.returncode == 2 and "s3://" in result.stderr
+    on_pods = ["--set", "resources.backend=kubernetes", "--set", "kubernetes.image=registry.example/trainflow:1",
+               "--set", "checkpoint.uri=s3://bucket/refused"]
+    result = run_cli(["drill", SPEC, "--fault", "kill", *JOB, *on_pods], drill_env, timeout_s=60)
+    assert result.returncode == 2
+    assert "--fault kill: the kubernetes backend cannot signal a rank's process" in result.stderr

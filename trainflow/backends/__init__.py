@@ -19,7 +19,7 @@ __all__ = [
 _REGISTRY: dict[str, Callable[[], Launcher]] = {}
 # the only place that names the built-in backends' modules: each is imported when first chosen
 _MODULES = {
-    "local": "trainflow.backends.local",
+    "local": "trainflow.backends.local.launcher",
     "kubernetes": "trainflow.backends.kubernetes",
     "slurm": "trainflow.backends.slurm.launcher",
 }

@@ -2,8 +2,8 @@
 one node's link (its processes keep running, nothing reaches them) and restore it afterwards.
 
 Found through SLURM_CONF's folder; a cluster trainflow did not bring up has none, and drills that
-cut links are refused there. The namespaces belong to the cluster, not to the run: `record()` is
-None so a reaper never removes them.
+cut links are refused there. The namespaces belong to the cluster, not to the run, so the run's
+allocation gives no network record and a reaper never removes them.
 """
 
 from __future__ import annotations
@@ -28,9 +28,6 @@ class ClusterLinks:
         if state is None or not state.network:
             return None
         return cls(NodeNetwork.from_record(state.network), state.node_names, hosts)
-
-    def record(self) -> None:
-        return None
 
     def _index(self, slot: int) -> int:
         return self.node_names.index(self.hosts[slot])
