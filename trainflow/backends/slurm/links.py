@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from trainflow.backends.netns import NodeNetwork
+from trainflow.backends.slurm.cluster_state import ClusterState
 
 
 class ClusterLinks:
@@ -21,8 +22,6 @@ class ClusterLinks:
 
     @classmethod
     def for_cluster(cls, hosts: list[str]) -> ClusterLinks | None:
-        from trainflow.backends.slurm.local_cluster import ClusterState  # only for clusters it brought up
-
         conf = os.environ.get("SLURM_CONF")
         state = ClusterState.load(Path(conf).parent) if conf else None
         if state is None or not state.network:
