@@ -155,7 +155,7 @@ def open_gate(allocation: Allocation, handle: AttemptHandle) -> None:
         gate.touch()
 
 
-def _inject(plan: FaultPlan, launcher, handle: AttemptHandle, channel: StatusServer, allocation: Allocation,
+def _inject(plan: FaultPlan, launcher: Launcher, handle: AttemptHandle, channel: StatusServer, allocation: Allocation,
             checkpoint_uri: str, world_size: int, timeout_s: float) -> Injection:
     record = Injection(kind=plan.kind.value)
     deadline = time.monotonic() + timeout_s
