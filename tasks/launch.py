@@ -9,6 +9,7 @@ from prefect import get_run_logger
 from tasks import lifecycle_task
 from tasks.records import Launched, Provisioned, Ready
 from trainflow.backends import AttemptPlan
+from trainflow.backends.abilities import SharesScratch
 from trainflow.checkpoint.catalog import Committed, latest_verified
 from trainflow.checkpoint.storage import StorageError
 from trainflow.environment import Environment
@@ -83,7 +84,7 @@ def launch_attempt(
         code_version=code_version(ready.environment),
         restore_prefix=restore_from.prefix if restore_from else None,
         # only where the orchestrator and the workers share the run's scratch folder
-        pause_at_step=pause_at_step if getattr(provisioned.launcher, "shares_scratch", False) else None,
+        pause_at_step=pause_at_step if isinstance(provisioned.launcher, SharesScratch) else None,
     )
     handle = provisioned.launcher.launch(spec, provisioned.allocation, plan)
     handle.pause_at_step = plan.pause_at_step  # the drill's injector waits for every rank there

@@ -26,9 +26,8 @@ def provision(record: RunRecord) -> Provisioned:
                        reaped["run_id"], reaped["processes"])
     launcher = launcher_for(spec)
     allocation = launcher.provision(spec, record.run_id, runs_root() / record.run_id)
-    network = allocation.details.get("network")
     write_marker(allocation.scratch, record.run_id, record.mlflow_run_id, record.tracking_uri,
-                 network.record() if network is not None else None)
+                 allocation.network_record())
     # bind where the backend says (0.0.0.0 for pods), advertise the address workers can reach
     bind_host = launcher.status_bind_host if isinstance(launcher, BindsStatusElsewhere) else allocation.status_host
     channel = StatusServer(host=bind_host, advertise_host=allocation.status_host)

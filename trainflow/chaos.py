@@ -2,15 +2,15 @@
 link, an unreachable storage endpoint, a damaged checkpoint. The training code never cooperates,
 except that (where the backend shares the run's scratch folder) every rank stands still after the
 fault's step until the fault is in: the fault lands at the step asked for however fast the steps
-are, instead of wherever a task racing the training happens to catch it."""
+are, instead of wherever a task racing the training happens to catch it.
+
+Each kind of fault goes in through an ability its backend offers (trainflow.backends.abilities); a
+drill whose backend cannot inject its fault is refused before anything runs (`backend_inability`)."""
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -18,10 +18,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainflow.backends import AttemptHandle
+from trainflow.backends import Allocation, AttemptHandle, Launcher
+from trainflow.backends.abilities import CutsNodes, PreemptsNodes, SignalsRanks
 from trainflow.checkpoint.catalog import list_committed
 from trainflow.checkpoint.storage import open_storage
 from trainflow.status import StatusServer
+from trainflow.storage_proxy import StorageProxy
 from trainflow.worker_config import fault_gate_path, gate_arrival_path
 
 
@@ -57,6 +59,32 @@ class FaultPlan(BaseModel):
 
     def target_node(self, nodes: int) -> int:
         return self.node if self.node is not None else nodes - 1
+
+
+# what the backend must be able to do for each kind (None: the drill breaks it outside the backend)
+FAULT_ABILITIES: dict[FaultKind, type | None] = {
+    FaultKind.crash: SignalsRanks,
+    FaultKind.kill: SignalsRanks,
+    FaultKind.hang: SignalsRanks,
+    FaultKind.straggler: SignalsRanks,
+    FaultKind.corrupt_checkpoint: SignalsRanks,  # a rank is killed so the next attempt must restore
+    FaultKind.preempt: PreemptsNodes,
+    FaultKind.node_loss: CutsNodes,
+    FaultKind.storage_outage: None,  # the drill's own relay in front of the storage endpoint
+}
+ABILITY_WORDS = {
+    SignalsRanks: "signal a rank's process",
+    PreemptsNodes: "preempt a node",
+    CutsNodes: "cut a node off the network",
+}
+
+
+def backend_inability(kind: FaultKind, launcher: Launcher) -> str | None:
+    """Why this backend cannot inject `kind`, for a one-line error; None when it can."""
+    ability = FAULT_ABILITIES[kind]
+    if ability is None or isinstance(launcher, ability):
+        return None
+    return f"the {launcher.name} backend cannot {ABILITY_WORDS[ability]} (it does not implement {ability.__name__})"
 
 
 @dataclass
@@ -107,25 +135,28 @@ def worker_pid(channel: StatusServer, rank: int) -> int:
     return pid
 
 
-def inject(plan: FaultPlan, handle: AttemptHandle, channel: StatusServer, allocation, checkpoint_uri: str,
-           world_size: int, timeout_s: float = 600) -> Injection:
-    """Wait for the step, then break what the plan says, then let the waiting ranks go on. Returns
-    what was done and when."""
+def inject(plan: FaultPlan, launcher: Launcher, handle: AttemptHandle, channel: StatusServer,
+           allocation: Allocation, checkpoint_uri: str, world_size: int, timeout_s: float = 600) -> Injection:
+    """Wait for the step, then break what the plan says through the backend's ability, then let
+    the waiting ranks go on. Returns what was done and when."""
+    inability = backend_inability(plan.kind, launcher)
+    if inability:
+        raise RuntimeError(f"{plan.kind.value}: {inability}")
     try:
-        return _inject(plan, handle, channel, allocation, checkpoint_uri, world_size, timeout_s)
+        return _inject(plan, launcher, handle, channel, allocation, checkpoint_uri, world_size, timeout_s)
     finally:
         open_gate(allocation, handle)
 
 
-def open_gate(allocation, handle: AttemptHandle) -> None:
+def open_gate(allocation: Allocation, handle: AttemptHandle) -> None:
     """Let the ranks waiting at the fault's step go on (see runtime: `_wait_for_fault`)."""
     gate = fault_gate_path(allocation.scratch, handle.attempt)
     if gate.parent.exists():
         gate.touch()
 
 
-def _inject(plan: FaultPlan, handle: AttemptHandle, channel: StatusServer, allocation, checkpoint_uri: str,
-            world_size: int, timeout_s: float) -> Injection:
+def _inject(plan: FaultPlan, launcher: Launcher, handle: AttemptHandle, channel: StatusServer, allocation: Allocation,
+            checkpoint_uri: str, world_size: int, timeout_s: float) -> Injection:
     record = Injection(kind=plan.kind.value)
     deadline = time.monotonic() + timeout_s
     if not wait_for_step(channel, handle, world_size, plan.at_step, timeout_s):
@@ -153,27 +184,20 @@ def _inject(plan: FaultPlan, handle: AttemptHandle, channel: StatusServer, alloc
             record.injected_at = time.time()
             record.injected = True
             open_gate(allocation, handle)  # the slowing down is the fault: training goes on under it
-            _slow_down(pid, plan.duration_s, handle)
+            _slow_down(launcher, allocation, pid, plan.duration_s, handle)
             return record
         sig = {FaultKind.crash: signal.SIGSEGV, FaultKind.kill: signal.SIGKILL, FaultKind.hang: signal.SIGSTOP}[kind]
         record.injected_at = time.time()
-        os.kill(pid, sig)
+        launcher.signal_rank(allocation, pid, sig)
     elif kind == FaultKind.preempt:
         node = plan.target_node(handle.nodes)
         record.target = f"node {node}"
         record.injected_at = time.time()
-        handle.processes[node].send_signal(signal.SIGTERM)  # what a cloud or the kubelet sends first
+        launcher.preempt_node(handle, node)  # the SIGTERM a cloud or the kubelet sends first
     elif kind == FaultKind.node_loss:
-        network = allocation.details.get("network")
-        if network is None:
-            raise RuntimeError("node-loss needs resources.network: namespaces")
         node = plan.target_node(handle.nodes)
-        slot = handle.slots[node]
-        record.target = f"node {node} (namespace {network.namespace(slot)})"
-        if plan.permanent:
-            allocation.details.setdefault("unrecoverable", set()).add(slot)
         record.injected_at = time.time()
-        network.cut(slot)
+        record.target = f"node {node} ({launcher.cut_node(allocation, handle.slots[node], plan.permanent)})"
     elif kind == FaultKind.storage_outage:
         proxy = StorageProxy.active.get(plan.proxy_port)
         if proxy is None:
@@ -188,27 +212,27 @@ def _inject(plan: FaultPlan, handle: AttemptHandle, channel: StatusServer, alloc
         pid = worker_pid(channel, rank)
         record.target = f"{damaged}, then rank {rank} killed so the next attempt must restore"
         record.injected_at = time.time()
-        os.kill(pid, signal.SIGKILL)
+        launcher.signal_rank(allocation, pid, signal.SIGKILL)
     record.injected = True
     return record
 
 
-def _slow_down(pid: int, duration_s: float, handle: AttemptHandle, frozen_s: float = 0.015,
-               running_s: float = 0.005) -> None:
+def _slow_down(launcher: SignalsRanks, allocation: Allocation, pid: int, duration_s: float, handle: AttemptHandle,
+               frozen_s: float = 0.015, running_s: float = 0.005) -> None:
     """Make one rank a straggler, as a throttled host would: from outside, freeze it for three
     quarters of every 20 ms, for a while."""
     end = time.monotonic() + duration_s
     try:
         while time.monotonic() < end and all(p.poll() is None for p in handle.processes.values()):
-            os.kill(pid, signal.SIGSTOP)
+            launcher.signal_rank(allocation, pid, signal.SIGSTOP)
             time.sleep(frozen_s)
-            os.kill(pid, signal.SIGCONT)
+            launcher.signal_rank(allocation, pid, signal.SIGCONT)
             time.sleep(running_s)
     except ProcessLookupError:
         pass
     finally:
         try:
-            os.kill(pid, signal.SIGCONT)
+            launcher.signal_rank(allocation, pid, signal.SIGCONT)
         except ProcessLookupError:
             pass
 
@@ -230,98 +254,3 @@ def corrupt_latest_checkpoint(uri: str, run_id: str) -> str:
         damaged.write_bytes(data)
         storage.upload(damaged, key)
     return key
-
-
-class StorageProxy:
-    """A TCP relay in front of the storage endpoint. `outage()` makes it unreachable for a while:
-    every connection is dropped and new ones refused, or (`stall`) every request waits unanswered
-    until the outage is over, as an endpoint that stops answering."""
-
-    active: dict[int, StorageProxy] = {}
-
-    def __init__(self, upstream_host: str, upstream_port: int):
-        self.upstream = (upstream_host, upstream_port)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._down_until = 0.0
-        self._stalling = False
-        self._up = threading.Event()
-        self._up.set()
-        self._sockets: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
-        StorageProxy.active[self.port] = self
-
-    def outage(self, duration_s: float, stall: bool = False) -> None:
-        self._down_until = time.monotonic() + duration_s
-        self._stalling = stall
-        if stall:
-            self._up.clear()
-            timer = threading.Timer(duration_s, self.end_outage)
-            timer.daemon = True
-            timer.start()
-            return
-        with self._lock:
-            for sock in list(self._sockets):
-                _close(sock)
-            self._sockets.clear()
-
-    def end_outage(self) -> None:
-        """The endpoint answers again; stalled requests go on where they stood."""
-        self._down_until = 0.0
-        self._up.set()
-
-    def close(self) -> None:
-        self._closed = True
-        self.end_outage()
-        StorageProxy.active.pop(self.port, None)
-        _close(self._listener)
-        with self._lock:
-            for sock in list(self._sockets):
-                _close(sock)
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._connect, args=(client,), daemon=True).start()
-
-    def _connect(self, client: socket.socket) -> None:
-        if time.monotonic() < self._down_until and not self._stalling:
-            _close(client)
-            return
-        self._up.wait()
-        try:
-            upstream = socket.create_connection(self.upstream, timeout=5)
-        except OSError:
-            _close(client)
-            return
-        with self._lock:
-            self._sockets.update((client, upstream))
-        for source, sink in ((client, upstream), (upstream, client)):
-            threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
-
-    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while chunk := source.recv(65536):
-                self._up.wait()  # a stalled endpoint: the bytes wait here until it answers again
-                sink.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            _close(source)
-            _close(sink)
-            with self._lock:
-                self._sockets.discard(source)
-                self._sockets.discard(sink)
-
-
-def _close(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    sock.close()

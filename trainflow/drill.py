@@ -10,7 +10,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from trainflow.chaos import FaultKind, FaultPlan
+from trainflow.backends import launcher_for
+from trainflow.chaos import FaultKind, FaultPlan, backend_inability
 from trainflow.home import trainflow_home
 from trainflow.spec import RunSpec, SpecError
 
@@ -32,8 +33,9 @@ def check_plan(spec: RunSpec, plan: FaultPlan) -> None:
         raise SpecError(f"--node {plan.node}: the job has {spec.resources.nodes} node(s)")
     if plan.kind == FaultKind.storage_outage and not spec.checkpoint.is_s3:
         raise SpecError("--fault storage-outage: needs an s3:// checkpoint.uri")
-    if plan.kind in (FaultKind.node_loss, FaultKind.preempt) and spec.resources.backend.value not in ("local", "slurm"):
-        raise SpecError(f"--fault {plan.kind.value}: drills run on the local and slurm backends")
+    inability = backend_inability(plan.kind, launcher_for(spec))
+    if inability:
+        raise SpecError(f"--fault {plan.kind.value}: {inability}")
 
 
 def baseline_key(spec: RunSpec, environment_fingerprint: str) -> str:
@@ -119,6 +121,7 @@ def drill_report(plan: FaultPlan, summary: dict, baseline: dict, torchrun_restar
         "resumed_from_step": retry["resumed_from_step"] if retry else None,
         "attempts": len(attempts),
         "outcomes": [a["outcome"] for a in attempts],
+        "reasons": [a.get("reason", "") for a in attempts],
         "status": summary.get("status"),
         "reason": summary.get("reason"),
         "final_step": summary.get("final_step"),

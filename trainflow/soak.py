@@ -18,7 +18,8 @@ import re
 import shutil
 from collections import Counter
 
-from trainflow.chaos import FaultKind, FaultPlan
+from trainflow.backends import launcher_for
+from trainflow.chaos import FaultKind, FaultPlan, backend_inability
 from trainflow.drill import EXPECTED_OUTCOME, lost_steps_limit
 from trainflow.spec import RunSpec, SpecError
 from trainflow.watcher import HANG_FLOOR_S
@@ -42,13 +43,17 @@ def soak_kinds(spec: RunSpec, wanted: list[FaultKind] | None = None) -> tuple[li
     missing = {}
     if not spec.checkpoint.is_s3 or not (os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")):
         missing[FaultKind.storage_outage] = "needs an s3:// checkpoint.uri and AWS_ENDPOINT_URL_S3"
-    if spec.resources.backend.value != "local" or not can_make_hosts():
-        missing[FaultKind.node_loss] = "needs the local backend, root and iproute2 (a network namespace per node)"
+    if not can_make_hosts():
+        missing[FaultKind.node_loss] = "needs root and iproute2 (a network namespace per node)"
     elif FaultKind.storage_outage not in missing:
         # the drills' S3 endpoint and its relay listen on this host's loopback, which a node in its
         # own network namespace cannot reach: node loss is soaked with a checkpoint.uri on local disk
         missing[FaultKind.node_loss] = ("with an s3:// checkpoint.uri: nodes in network namespaces cannot reach "
                                         "the S3 endpoint on this host's loopback; soak it with a local checkpoint.uri")
+    launcher = launcher_for(spec)
+    for kind in SOAK_KINDS:  # what the backend cannot inject outranks every other reason
+        if inability := backend_inability(kind, launcher):
+            missing[kind] = inability
     if wanted:
         for kind in wanted:
             if kind in NEVER_SOAKED or kind in missing:

@@ -4,6 +4,7 @@ baseline of the same job, with everything released."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -45,7 +46,7 @@ def drill(env, fault: str, *extra: str) -> dict:
 def test_process_faults_are_detected_recovered_and_resumed_exactly(drill_env, fault, detected):
     report = drill(drill_env, fault)
     assert report["detected_kind"] == detected
-    assert report["outcomes"] == [detected, "SUCCEEDED"]
+    assert report["outcomes"] == [detected, "SUCCEEDED"], json.dumps(report, default=str)[:4000]
     assert report["params_match_baseline"] is True
     assert report["resources_released"] is True
     assert report["passed"] is True
@@ -112,3 +113,8 @@ def test_drill_refuses_impossible_plans(drill_env):
     assert result.returncode == 2 and "--node 5" in result.stderr
     result = run_cli(["drill", SPEC, "--fault", "storage-outage", *JOB], drill_env, timeout_s=60)
     assert result.returncode == 2 and "s3://" in result.stderr
+    on_pods = ["--set", "resources.backend=kubernetes", "--set", "kubernetes.image=registry.example/trainflow:1",
+               "--set", "checkpoint.uri=s3://bucket/refused"]
+    result = run_cli(["drill", SPEC, "--fault", "kill", *JOB, *on_pods], drill_env, timeout_s=60)
+    assert result.returncode == 2
+    assert "--fault kill: the kubernetes backend cannot signal a rank's process" in result.stderr

@@ -20,6 +20,7 @@ import trainflow.chaos as chaos
 from tests.integration.conftest import BUCKET, unique_prefix
 from tests.integration.test_checkpoint_engine import ThrottledProxy, key_prefix, new_job, worker_env
 from trainflow.backends import Allocation, AttemptHandle
+from trainflow.backends.local.launcher import LocalLauncher
 from trainflow.chaos import FaultKind, FaultPlan, Injection
 from trainflow.checkpoint.manifest import MANIFEST_NAME, Manifest
 from trainflow.drill import last_finished_save
@@ -79,7 +80,8 @@ def test_a_gated_fault_waits_for_the_save_before_the_faults_step(tmp_path, s3, s
         allocation = Allocation(run_id=job.run_id, backend="local", nodes=2, scratch=tmp_path / job.run_id)
         plan = FaultPlan(kind=FaultKind.crash, at_step=FAULT_STEP, rank=1)
         try:
-            seen["injection"] = chaos.inject(plan, handle, channel, allocation, uri, world_size=2, timeout_s=180)
+            seen["injection"] = chaos.inject(plan, LocalLauncher(), handle, channel, allocation, uri,
+                                              world_size=2, timeout_s=180)
             seen["manifest"] = committed(s3, manifest_key)
         finally:
             store.release()  # whatever happened, let the workers' requests through so they can end

@@ -63,7 +63,7 @@ def test_provision_and_release_leave_nothing(tmp_path):
     launcher = KubernetesLauncher(cluster)
     run_id = f"live-provision-{int(time.time())}"
     allocation = launcher.provision(spec_with("kubernetes.image=python:3.11-slim"), run_id, tmp_path / "run")
-    assert cluster.get("v1", "Service", NAMESPACE, allocation.details["service"]) is not None
+    assert cluster.get("v1", "Service", NAMESPACE, allocation.service) is not None
     report = launcher.release(allocation)
     assert report.clean, report.survivors
     assert labelled_leftovers(cluster, run_id) == []

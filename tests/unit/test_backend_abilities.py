@@ -4,11 +4,14 @@ import pytest
 
 from trainflow.backends import launcher_for
 from trainflow.backends.abilities import (
-    BindsStatusElsewhere, BuildsImage, ChecksSpec, DumpsStacks, ProbesNodes, RendersManifests, ReplacesNodes,
+    BindsStatusElsewhere, BuildsImage, ChecksSpec, CutsNodes, DumpsStacks, PreemptsNodes, ProbesNodes,
+    RendersManifests, ReplacesNodes, SharesScratch, SignalsRanks,
 )
 from trainflow.spec import RunSpec
 
-ABILITIES = (ChecksSpec, BuildsImage, ReplacesNodes, ProbesNodes, DumpsStacks, BindsStatusElsewhere, RendersManifests)
+ABILITIES = (ChecksSpec, BuildsImage, ReplacesNodes, ProbesNodes, DumpsStacks, BindsStatusElsewhere, RendersManifests,
+             SharesScratch, SignalsRanks, PreemptsNodes, CutsNodes)
+FAULTS = {SignalsRanks, PreemptsNodes, CutsNodes}
 
 
 def spec_for(backend: str) -> RunSpec:
@@ -22,8 +25,8 @@ def spec_for(backend: str) -> RunSpec:
 
 
 @pytest.mark.parametrize(("backend", "expected"), [
-    ("local", {ChecksSpec, ReplacesNodes, ProbesNodes, DumpsStacks}),
-    ("slurm", {ChecksSpec, ReplacesNodes, ProbesNodes, DumpsStacks}),
+    ("local", {ChecksSpec, ReplacesNodes, ProbesNodes, DumpsStacks, SharesScratch, *FAULTS}),
+    ("slurm", {ChecksSpec, ReplacesNodes, ProbesNodes, DumpsStacks, *FAULTS}),
     ("kubernetes", {BuildsImage, ReplacesNodes, ProbesNodes, BindsStatusElsewhere, RendersManifests}),
 ])
 def test_backend_abilities(backend, expected):

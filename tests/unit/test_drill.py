@@ -3,8 +3,11 @@ its own kind, then success, with few lost steps, the newest checkpoint resumed a
 
 from __future__ import annotations
 
+import pytest
+
 from trainflow.chaos import FaultKind, FaultPlan
-from trainflow.drill import baseline_failed_report, drill_report
+from trainflow.drill import baseline_failed_report, check_plan, drill_report
+from trainflow.spec import RunSpec, SpecError
 
 BASELINE = {"params_sha256": "aa" * 32, "mlflow_run_id": "base"}
 
@@ -109,3 +112,24 @@ def test_a_rank_seen_at_a_checkpoint_step_may_still_be_finishing_the_save_before
     report = drill_report(FaultPlan(kind="crash", at_step=30), run, BASELINE, None, True, 10)
     assert report["newest_checkpoint_before_fault"] == 10
     assert report["broken_rules"] == [] and report["passed"] is True
+
+
+def on_backend(backend: str) -> RunSpec:
+    fields = {"name": "refusal", "workload": {"entrypoint": "examples/digits/train.py", "steps": 100},
+              "resources": {"backend": backend, "nodes": 2}, "checkpoint": {"uri": "s3://bucket/refusal"}}
+    if backend == "kubernetes":
+        fields["kubernetes"] = {"image": "registry.example/trainflow:1"}
+    return RunSpec.model_validate(fields)
+
+
+@pytest.mark.parametrize(("kind", "inability"), [
+    (FaultKind.crash, "the kubernetes backend cannot signal a rank's process (it does not implement SignalsRanks)"),
+    (FaultKind.preempt, "the kubernetes backend cannot preempt a node (it does not implement PreemptsNodes)"),
+    (FaultKind.node_loss, "the kubernetes backend cannot cut a node off the network (it does not implement CutsNodes)"),
+])
+def test_a_fault_the_backend_cannot_inject_is_refused_naming_its_missing_ability(kind, inability):
+    with pytest.raises(SpecError) as refused:
+        check_plan(on_backend("kubernetes"), FaultPlan(kind=kind, at_step=30))
+    assert str(refused.value) == f"--fault {kind.value}: {inability}"
+    for backend in ("local", "slurm"):
+        check_plan(on_backend(backend), FaultPlan(kind=kind, at_step=30))  # both offer every ability

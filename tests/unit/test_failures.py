@@ -193,7 +193,7 @@ def test_the_failed_workers_own_code_wins_over_its_agents():
 
 
 def test_root_cause_exitcode_is_read_from_torchruns_failure_report(tmp_path):
-    from trainflow.backends.local import root_cause_exitcode
+    from trainflow.backends.torchrun_report import root_cause_exitcode
 
     log = tmp_path / "node-1.log"
     log.write_text(

@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.kubernetes.fake_cluster import KUEUE_V1BETA1, KUEUE_V1BETA2, FakeCluster
 from trainflow.backends.base import AttemptPlan
-from trainflow.backends.kubernetes.kueue import choose_queue
+from trainflow.backends.kubernetes.kueue import KueueChoice, choose_queue
 from trainflow.backends.kubernetes.launcher import KubernetesLauncher, ProvisionError
 from trainflow.spec import load_spec
 
@@ -30,14 +30,14 @@ def cluster_serving(*kueue_apis) -> FakeCluster:
     return cluster
 
 
-def launched_job(cluster: FakeCluster, spec, tmp_path) -> tuple[dict, dict]:
-    """(allocation details, the attempt's Job) after provision and launch."""
+def launched_job(cluster: FakeCluster, spec, tmp_path) -> tuple[KueueChoice, dict]:
+    """(the Kueue choice the allocation holds, the attempt's Job) after provision and launch."""
     launcher = KubernetesLauncher(cluster, poll_interval_s=0.0, delete_timeout_s=0.0,
                                   registry=lambda repo, tag: DIGEST, sleep=lambda s: None)
     allocation = launcher.provision(spec, RUN_ID, tmp_path / "run")
     launcher.launch(spec, allocation, AttemptPlan(1, "0.0.0.0:41234", "token", "abc123", None))
     [job] = [doc for doc in cluster.of_kind("Job") if doc["metadata"]["labels"].get("trainflow.dev/component") == "workers"]
-    return allocation.details, job
+    return allocation.kueue, job
 
 
 def kueue_calls(cluster: FakeCluster) -> list[tuple[str, str, str]]:
@@ -52,8 +52,8 @@ def kueue_calls(cluster: FakeCluster) -> list[tuple[str, str, str]]:
 def test_the_newest_served_kueue_api_admits_the_named_queue(tmp_path, served, expected):
     cluster = cluster_serving(*served)
     cluster.add_local_queue("training")
-    details, job = launched_job(cluster, spec_for("kubernetes.kueue_queue=training"), tmp_path)
-    assert details["kueue"] == {"api_version": expected, "queue": "training", "source": "spec"}
+    kueue, job = launched_job(cluster, spec_for("kubernetes.kueue_queue=training"), tmp_path)
+    assert kueue == KueueChoice(expected, "training", "spec")
     assert job["metadata"]["labels"][QUEUE_LABEL] == "training"
     assert job["spec"]["suspend"] is True  # Kueue admits the whole gang
     assert kueue_calls(cluster) == [("get", "kueue.x-k8s.io", "localqueues")]
@@ -79,23 +79,23 @@ def test_a_named_queue_that_does_not_exist_is_refused(tmp_path):
 def test_without_a_named_queue_the_teams_local_queue_is_used(tmp_path, served):
     cluster = cluster_serving(*served)
     cluster.add_local_queue("vision")
-    details, job = launched_job(cluster, spec_for("tracking.tags={team: vision}"), tmp_path)
-    assert details["kueue"] == {"api_version": served[0][0], "queue": "vision", "source": "team"}
+    kueue, job = launched_job(cluster, spec_for("tracking.tags={team: vision}"), tmp_path)
+    assert kueue == KueueChoice(served[0][0], "vision", "team")
     assert job["metadata"]["labels"][QUEUE_LABEL] == "vision" and job["spec"]["suspend"] is True
 
 
 def test_a_team_without_a_local_queue_runs_plain_jobs(tmp_path):
     cluster = cluster_serving(KUEUE_V1BETA2)
     cluster.add_local_queue("speech")
-    details, job = launched_job(cluster, spec_for("tracking.tags={team: vision}"), tmp_path)
-    assert details["kueue"] == {"api_version": "kueue.x-k8s.io/v1beta2", "queue": None, "source": "none"}
+    kueue, job = launched_job(cluster, spec_for("tracking.tags={team: vision}"), tmp_path)
+    assert kueue == KueueChoice("kueue.x-k8s.io/v1beta2", None, "none")
     assert QUEUE_LABEL not in job["metadata"]["labels"] and not job["spec"].get("suspend")
 
 
 def test_no_kueue_and_no_named_queue_runs_plain_jobs_without_asking_for_queues(tmp_path):
     cluster = cluster_serving()
-    details, job = launched_job(cluster, spec_for("tracking.tags={team: vision}"), tmp_path)
-    assert details["kueue"] == {"api_version": None, "queue": None, "source": "none"}
+    kueue, job = launched_job(cluster, spec_for("tracking.tags={team: vision}"), tmp_path)
+    assert kueue == KueueChoice(None, None, "none")
     assert QUEUE_LABEL not in job["metadata"]["labels"]
     assert kueue_calls(cluster) == []
 

@@ -84,11 +84,11 @@ def test_an_attempt_from_provision_to_release(cluster, tmp_path, api):
     spec = spec_for(f"kubernetes.launch_api={api}", "resources.nodes=3")
     launcher = launcher_on(cluster)
     allocation = launcher.provision(spec, RUN_ID, tmp_path / "run")
-    assert [svc["metadata"]["name"] for svc in cluster.of_kind("Service")] == [allocation.details["service"]]
+    assert [svc["metadata"]["name"] for svc in cluster.of_kind("Service")] == [allocation.service]
     assert allocation.status_host == "10.8.0.4" and allocation.slots == [0, 1, 2]
 
     handle = launcher.launch(spec, allocation, plan())
-    assert allocation.details["image"] == {
+    assert allocation.image == {
         "reference": f"registry.example.com/ml/trainflow@{DIGEST}", "repository": "registry.example.com/ml/trainflow",
         "tag": "v1", "digest": DIGEST, "built": False,
     }
@@ -115,7 +115,7 @@ def test_an_attempt_from_provision_to_release(cluster, tmp_path, api):
 
     report = launcher.release(allocation)
     assert report.clean, report.survivors
-    assert f"Service/{allocation.details['service']}" in report.deleted_objects
+    assert f"Service/{allocation.service}" in report.deleted_objects
     assert not cluster.objects.keys() - {("Secret", "trainflow", "trainflow-s3")}
     assert not (tmp_path / "run").exists() and report.as_dict()["deleted_objects"]
 
@@ -153,7 +153,7 @@ def test_release_reports_what_would_not_go(cluster, tmp_path):
     cluster.delete = lambda api_version, kind, ns, name, grace_s=None: kind != "Service" and stuck(api_version, kind, ns, name, grace_s)
     report = launcher.release(allocation)
     assert not report.clean
-    assert report.survivors == [f"Service/{allocation.details['service']} still in namespace trainflow"]
+    assert report.survivors == [f"Service/{allocation.service} still in namespace trainflow"]
 
 
 # provision: what is checked, and the messages ---------------------------------------------------
@@ -173,7 +173,7 @@ def test_missing_namespace_says_how_to_create_it(tmp_path):
 def test_unreadable_namespaces_are_not_an_error(tmp_path):
     cluster = FakeCluster(namespace_readable=False)
     secrets(cluster, "trainflow-s3")
-    assert launcher_on(cluster).provision(spec_for(), RUN_ID, tmp_path).details["namespace"] == "trainflow"
+    assert launcher_on(cluster).provision(spec_for(), RUN_ID, tmp_path).namespace == "trainflow"
 
 
 def test_quota_that_cannot_fit_the_job_names_the_numbers(cluster, tmp_path):

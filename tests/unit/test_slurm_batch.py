@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from trainflow.backends.base import AttemptHandle
 from trainflow.backends.slurm.batch import batch_script, memory_mb, sbatch_command
 from trainflow.backends.slurm.commands import JobState, parse_key_values, usable
-from trainflow.backends.slurm.launcher import SlurmNodeExit, _from_job, _time_limit_warning
+from trainflow.backends.slurm.allocation import SlurmAttempt
+from trainflow.backends.slurm.job_end import SlurmNodeExit, from_job, time_limit_warning
 from trainflow.backends.slurm.node_agent import signal_file
 from trainflow.failures import Outcome, classify_exit
 from trainflow.spec import SpecError, parse_spec
@@ -65,9 +65,9 @@ def test_scontrol_one_line_output_is_read_as_fields():
 
 def test_a_job_slurm_ended_says_what_the_nodes_could_not():
     lost = JobState("12", "NODE_FAIL", "NodeDown", "n[1-2]", exit_code=0, exit_signal=9)
-    assert _from_job(lost)[:2] == (-9, Outcome.NODE_LOST)
-    assert _from_job(JobState("13", "PREEMPTED", "None", "n1", exit_code=0, exit_signal=15))[1] == Outcome.PREEMPTED
-    assert _from_job(JobState("14", "FAILED", "NonZeroExitCode", "n1", exit_code=3, exit_signal=0))[:2] == (3, None)
+    assert from_job(lost)[:2] == (-9, Outcome.NODE_LOST)
+    assert from_job(JobState("13", "PREEMPTED", "None", "n1", exit_code=0, exit_signal=15))[1] == Outcome.PREEMPTED
+    assert from_job(JobState("14", "FAILED", "NonZeroExitCode", "n1", exit_code=3, exit_signal=0))[:2] == (3, None)
 
 
 def test_down_and_not_responding_nodes_are_not_usable():
@@ -87,17 +87,16 @@ def test_without_slurm_s_commands_the_spec_is_refused_before_anything_is_provisi
     assert not (tmp_path / "home" / "runs").exists()
 
 
-def time_limit_handle(tmp_path: Path, signal_line: str | None, signalled_at: float | None = None) -> AttemptHandle:
+def time_limit_handle(tmp_path: Path, signal_line: str | None, signalled_at: float | None = None) -> SlurmAttempt:
     if signal_line is not None:
         signal_file(tmp_path, 0).write_text(signal_line)
-    handle = AttemptHandle(attempt=1, nodes=1, started_at=0.0, logs={})
-    handle.workers = {"job_id": "7", "attempt_dir": tmp_path, "warn_before_limit_s": 10, "signalled_at": signalled_at,
-                      "limit_ends_at": 1000.0, "job": JobState("7", "RUNNING", "None", "n1", time_limit="00:01:00")}
-    return handle
+    return SlurmAttempt(attempt=1, nodes=1, started_at=0.0, logs={}, job_id="7", attempt_dir=tmp_path,
+                        warn_before_limit_s=10, signalled_at=signalled_at, limit_ends_at=1000.0,
+                        job=JobState("7", "RUNNING", "None", "n1", time_limit="00:01:00"))
 
 
 def test_a_sigterm_in_the_warning_s_window_before_the_time_limit_is_told_apart(tmp_path):
-    warning = _time_limit_warning(time_limit_handle(tmp_path, "TERM 975.2"), 0)
+    warning = time_limit_warning(time_limit_handle(tmp_path, "TERM 975.2"), 0)
     assert warning == "slurm job 7: the time limit's warning, SIGTERM 25s before its 00:01:00 limit (--signal=TERM@10)"
 
 
@@ -109,7 +108,7 @@ def test_a_sigterm_in_the_warning_s_window_before_the_time_limit_is_told_apart(t
     ("TERM 1003.0", None),  # after the limit: the limit itself, not its warning
 ])
 def test_other_signals_are_not_taken_for_the_time_limit_s_warning(tmp_path, signal_line, signalled_at):
-    assert _time_limit_warning(time_limit_handle(tmp_path, signal_line, signalled_at), 0) is None
+    assert time_limit_warning(time_limit_handle(tmp_path, signal_line, signalled_at), 0) is None
 
 
 def test_scontrol_s_end_time_is_read_as_a_local_timestamp():

@@ -117,3 +117,15 @@ def test_the_cpu_load_is_one_busy_loop_per_process_asked_and_is_gone_when_the_bl
             raise RuntimeError("the soak failed")
     assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
     assert load.load_before is not None and load.load_after is not None
+
+
+def test_a_backend_that_cannot_inject_a_kind_leaves_it_out_and_refuses_it_by_its_missing_ability():
+    on_pods = RunSpec.model_validate({
+        "name": "soak", "workload": {"entrypoint": "examples/digits/train.py", "steps": 600},
+        "resources": {"backend": "kubernetes"}, "kubernetes": {"image": "registry.example/trainflow:1"},
+        "checkpoint": {"every_steps": 20, "uri": "s3://bucket/soak"}})
+    kinds, not_soaked = soak_kinds(on_pods)
+    assert FaultKind.crash not in kinds and "SignalsRanks" in not_soaked["crash"]
+    assert "PreemptsNodes" in not_soaked["preempt"]
+    with pytest.raises(SpecError, match="--kinds preempt: the kubernetes backend cannot preempt a node"):
+        soak_kinds(on_pods, [FaultKind.preempt])

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import ROOT
 from trainflow.backends.kubernetes.config import KubernetesConfig, kubernetes_config
-from trainflow.backends.local_config import LocalConfig, LocalNetwork, local_config
+from trainflow.backends.local.config import LocalConfig, LocalNetwork, local_config
 from trainflow.backends.slurm.config import SlurmConfig, slurm_config
 from trainflow.cli import EXIT_BAD_INPUT, app
 from trainflow.spec import SpecError, load_spec, parse_spec

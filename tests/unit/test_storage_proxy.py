@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from trainflow.chaos import StorageProxy
+from trainflow.storage_proxy import StorageProxy
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -60,3 +61,34 @@ class RendersManifests(Protocol):
     """Can write an attempt's objects as files for review (`trainflow render`)."""
 
     def render(self, spec: RunSpec, out_dir: Path, run_id: str | None, attempt: int) -> list[Path]: ...
+
+
+@runtime_checkable
+class SharesScratch(Protocol):
+    """The orchestrator reaches every node's scratch folder, so drills can hold the ranks at a fault's step."""
+
+    shares_scratch: bool
+
+
+@runtime_checkable
+class SignalsRanks(Protocol):
+    """Can send a signal to one rank's process, by the pid it reported (drills: crash, kill, hang,
+    straggler, corrupt-checkpoint); raises RuntimeError where this allocation's ranks are out of reach."""
+
+    def signal_rank(self, allocation: Allocation, pid: int, sig: signal.Signals) -> None: ...
+
+
+@runtime_checkable
+class PreemptsNodes(Protocol):
+    """Can give one node of an attempt the SIGTERM a scheduler or cloud sends before taking it away."""
+
+    def preempt_node(self, handle: AttemptHandle, node: int) -> None: ...
+
+
+@runtime_checkable
+class CutsNodes(Protocol):
+    """Can take one node slot off the network, its processes still running, as a lost host
+    (`permanent`: it never comes back); returns what was cut, for the drill's record. Raises
+    RuntimeError where this allocation's node links cannot be cut."""
+
+    def cut_node(self, allocation: Allocation, slot: int, permanent: bool) -> str: ...

@@ -13,16 +13,20 @@ if TYPE_CHECKING:  # the spec imports this package (its backends' configs)
 
 @dataclass
 class Allocation:
-    """What provision reserved for one lifecycle run; release gives all of it back."""
+    """What provision reserved for one lifecycle run; release gives all of it back. Each backend
+    keeps its own state in a subclass of this, in its own package."""
 
     run_id: str
     backend: str
     nodes: int
     scratch: Path
     ports: dict[str, int] = field(default_factory=dict)
-    details: dict[str, Any] = field(default_factory=dict)
     status_host: str = "127.0.0.1"  # where workers reach the orchestrator's status channel
     slots: list[int] = field(default_factory=list)  # healthy node slots; attempt node i runs in slots[i]
+
+    def network_record(self) -> dict | None:
+        """The node network a reaper must remove if the orchestrator dies before teardown (None: none)."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -119,8 +123,4 @@ class Launcher(Protocol):
 
     def release(self, allocation: Allocation) -> ReleaseReport: ...
 
-    # Optional capabilities, used when a backend has them:
-    #   probe(handle, node) -> "running" | "workers-stopped" | "node-stopped" | "gone" | "unknown"
-    #   dump_stacks(handle, pids_by_rank) -> {rank: stack text}
-    #   replace_node(allocation, node) -> bool   (bring a failed node back for the next attempt)
-    #   shares_scratch = True   (the orchestrator reaches the nodes' scratch: drills gate their faults there)
+    # Optional abilities are the protocols in trainflow.backends.abilities.

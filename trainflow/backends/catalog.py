@@ -15,12 +15,12 @@ if TYPE_CHECKING:
     from trainflow.section import BackendConfig
 
 LAUNCHER_MODULES = {
-    "local": "trainflow.backends.local",
+    "local": "trainflow.backends.local.launcher",
     "kubernetes": "trainflow.backends.kubernetes.launcher",
     "slurm": "trainflow.backends.slurm.launcher",
 }
 _CONFIGS = {
-    "local": "trainflow.backends.local_config:LocalConfig",
+    "local": "trainflow.backends.local.config:LocalConfig",
     "kubernetes": "trainflow.backends.kubernetes.config:KubernetesConfig",
     "slurm": "trainflow.backends.slurm.config:SlurmConfig",
 }

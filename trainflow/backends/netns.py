@@ -12,6 +12,7 @@ import ipaddress
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Protocol
 
 NETNS_ETC = Path("/etc/netns")  # `ip netns exec` bind-mounts /etc/netns/<name>/* over /etc/*
 
@@ -150,3 +151,23 @@ class NodeNetwork:
         if f" {self.bridge}:" in links or f" {self.bridge}@" in links:
             left.append(f"bridge {self.bridge}")
         return left
+
+
+class NodeLinks(Protocol):
+    """Node links that can be cut by node slot: a run's own NodeNetwork or a local cluster's links."""
+
+    def namespace(self, slot: int) -> str: ...
+
+    def cut(self, slot: int) -> None: ...
+
+
+def cut_node_link(links: NodeLinks | None, unrecoverable: set[int], slot: int, permanent: bool,
+                  without_links: str) -> str:
+    """Cut one node slot's link for a node-loss drill (`permanent`: the slot is never restored);
+    returns what was cut. RuntimeError(`without_links`) where there are no links to cut."""
+    if links is None:
+        raise RuntimeError(without_links)
+    if permanent:
+        unrecoverable.add(slot)
+    links.cut(slot)
+    return f"namespace {links.namespace(slot)}"

@@ -24,6 +24,7 @@ _ENTRY = re.compile(
     r"exitcode\s*:\s*(?P<code>-?\d+)",
 )
 _ROOT = "Root Cause (first observed failure):"
+_ROOT_CAUSE_EXITCODE = re.compile(r"Root Cause.*?exitcode\s*:\s*(-?\d+)", re.S)
 # torch's log lines at INFO level (TORCH_CPP_LOG_LEVEL=INFO puts them into every worker's stderr),
 # with or without the "[rank3]:" torch puts in front
 _CPP_INFO = re.compile(r"^(\[rank\d+\]:)?\[?I\d{4} \d\d:\d\d:\d\d")
@@ -43,6 +44,12 @@ def _observed_at(stamp: str) -> float | None:
         return datetime.strptime(stamp, "%Y-%m-%d_%H:%M:%S").timestamp()
     except ValueError:
         return None
+
+
+def root_cause_exitcode(node_log: Path) -> int | None:
+    """The failed worker's exit code from the agent's last failure report in the node's log."""
+    found = _ROOT_CAUSE_EXITCODE.findall(_read_tail(node_log, REPORT_TAIL_BYTES))
+    return int(found[-1]) if found else None
 
 
 def failed_ranks(node_log: Path) -> list[RankExit]:

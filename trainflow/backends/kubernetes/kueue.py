@@ -34,9 +34,6 @@ class KueueChoice:
     queue: str | None
     source: str  # "spec", "team" or "none"
 
-    def as_dict(self) -> dict:
-        return {"api_version": self.api_version, "queue": self.queue, "source": self.source}
-
 
 def served_kueue_api(cluster: Cluster) -> str | None:
     return next((api for api in KUEUE_APIS if cluster.has_api(api, LOCAL_QUEUE)), None)

@@ -2,8 +2,8 @@
 one node's link (its processes keep running, nothing reaches them) and restore it afterwards.
 
 Found through SLURM_CONF's folder; a cluster trainflow did not bring up has none, and drills that
-cut links are refused there. The namespaces belong to the cluster, not to the run: `record()` is
-None so a reaper never removes them.
+cut links are refused there. The namespaces belong to the cluster, not to the run, so the run's
+allocation gives no network record and a reaper never removes them.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from trainflow.backends.netns import NodeNetwork
+from trainflow.backends.slurm.cluster_state import ClusterState
 
 
 class ClusterLinks:
@@ -21,16 +22,11 @@ class ClusterLinks:
 
     @classmethod
     def for_cluster(cls, hosts: list[str]) -> ClusterLinks | None:
-        from trainflow.backends.slurm.local_cluster import ClusterState  # only for clusters it brought up
-
         conf = os.environ.get("SLURM_CONF")
         state = ClusterState.load(Path(conf).parent) if conf else None
         if state is None or not state.network:
             return None
         return cls(NodeNetwork.from_record(state.network), state.node_names, hosts)
-
-    def record(self) -> None:
-        return None
 
     def _index(self, slot: int) -> int:
         return self.node_names.index(self.hosts[slot])

@@ -12,26 +12,20 @@ missing). Everything lives under FOLDER (kept short: munge's socket path has a l
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trainflow.backends.netns import NetworkError, NodeNetwork
+from trainflow.backends.slurm.cluster_config import write_config
+from trainflow.backends.slurm.cluster_state import ClusterState, running, stop_cluster
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 COMMANDS = ("slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "srun", "munged")
-STATE_FILE = "cluster.json"
-NODE_CPUS = 2
-NODE_MEMORY_MB = 4096
-PARTITION = "debug"
 
 
 class ClusterError(RuntimeError):
@@ -50,30 +44,6 @@ def ensure_installed() -> None:
     missing = [c for c in COMMANDS if not shutil.which(c)]
     if missing:
         raise ClusterError(f"still missing after installing {', '.join(PACKAGES)}: {', '.join(missing)}")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@dataclass
-class ClusterState:
-    """What `down` needs, possibly from another process: the daemons and the namespaces."""
-
-    folder: str
-    node_names: list[str]
-    network: dict
-    pids: dict[str, int] = field(default_factory=dict)
-
-    def save(self) -> None:
-        (Path(self.folder) / STATE_FILE).write_text(json.dumps(asdict(self), indent=1))
-
-    @classmethod
-    def load(cls, folder: Path) -> ClusterState | None:
-        path = folder / STATE_FILE
-        return cls(**json.loads(path.read_text())) if path.exists() else None
 
 
 class LocalCluster:
@@ -119,7 +89,7 @@ class LocalCluster:
             self.network.create()
             self.state.network = self.network.record()
             self.state.save()
-            self._write_config()
+            write_config(self.folder, self.conf, self.node_names, self.network)
             self._start_munge()
             self._start("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
             for index, name in enumerate(self.node_names):
@@ -130,60 +100,6 @@ class LocalCluster:
             raise
         self.started_in_s = time.monotonic() - begun
         return self
-
-    def _write_config(self) -> None:
-        folder = self.folder
-        controller = self.network.host_address
-        lines = [
-            "# written by trainflow.backends.slurm.local_cluster",
-            "ClusterName=trainflow",
-            f"SlurmctldHost={socket.gethostname().split('.')[0]}({controller})",
-            f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",
-            "SlurmUser=root",
-            "SlurmdUser=root",
-            "AuthType=auth/munge",
-            "CredType=cred/munge",
-            # a short credential lifetime shortens the delay before a job may be requeued
-            f"AuthInfo=socket={folder / 'munge' / 'munge.socket'},cred_expire=10",
-            f"StateSaveLocation={folder / 'state'}",
-            f"SlurmdSpoolDir={folder / 'spool' / '%n'}",
-            f"SlurmctldPidFile={folder / 'slurmctld.pid'}",
-            f"SlurmdPidFile={folder / 'slurmd-%n.pid'}",
-            f"SlurmctldLogFile={folder / 'log' / 'slurmctld.log'}",
-            f"SlurmdLogFile={folder / 'log' / 'slurmd-%n.log'}",
-            "SlurmctldDebug=info",
-            "SlurmdDebug=info",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "JobAcctGatherType=jobacct_gather/none",
-            "MpiDefault=none",
-            "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_CPU",
-            "SchedulerType=sched/backfill",
-            "SchedulerParameters=bf_interval=2",
-            "SlurmdParameters=config_overrides",
-            # drills want lost nodes noticed, killed jobs gone and cut nodes back quickly
-            "SlurmdTimeout=10",
-            "KillWait=5",
-            "ReturnToService=1",
-            "MinJobAge=300",
-            "JobCompType=jobcomp/filetxt",
-            f"JobCompLoc={folder / 'log' / 'jobcomp.txt'}",
-        ]
-        for index, name in enumerate(self.node_names):
-            lines.append(
-                f"NodeName={name} NodeAddr={self.network.node_address(index)} NodeHostname={name} "
-                f"CPUs={NODE_CPUS} RealMemory={NODE_MEMORY_MB} State=UNKNOWN"
-            )
-        lines.append(f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
-        self.conf.write_text("\n".join(lines) + "\n")
-        hosts = ["127.0.0.1 localhost", f"{controller} {socket.gethostname()}"]
-        hosts += [f"{self.network.node_address(i)} {name}" for i, name in enumerate(self.node_names)]
-        (folder / "etc" / "hosts").write_text("\n".join(hosts) + "\n")
-        # no name server the namespaces could reach: lookups of unknown names fail at once instead
-        # of timing out (gloo and c10d look up peers' names)
-        (folder / "etc" / "resolv.conf").write_text("options timeout:1 attempts:1\n")
 
     def _start_munge(self) -> None:
         key = self.folder / "munge" / "munge.key"
@@ -221,7 +137,7 @@ class LocalCluster:
         while not ready():
             if time.monotonic() > deadline:
                 raise ClusterError(f"{what} not ready after {timeout_s:.0f}s; logs in {self.folder / 'log'}")
-            dead = [n for n, pid in self.state.pids.items() if not _running(pid)]
+            dead = [n for n, pid in self.state.pids.items() if not running(pid)]
             if dead:
                 raise ClusterError(f"{', '.join(dead)} exited while starting; logs in {self.folder / 'log'}")
             time.sleep(0.1)
@@ -241,50 +157,6 @@ class LocalCluster:
         if state is None:
             return []
         return stop_cluster(state)
-
-
-def _running(pid: int) -> bool:
-    try:
-        waited, _ = os.waitpid(pid, os.WNOHANG)
-        return waited == 0
-    except ChildProcessError:  # not our child (`down` from another process)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return not Path(f"/proc/{pid}/status").read_text().count("State:\tZ")
-    return True
-
-
-def _stop_session(pid: int, timeout_s: float = 15.0) -> bool:
-    """SIGTERM the daemon's session, SIGKILL it if it lingers; True once it is gone."""
-    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return True
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if not _running(pid):
-                return True
-            time.sleep(0.05)
-    return not _running(pid)
-
-
-def stop_cluster(state: ClusterState) -> list[str]:
-    survivors = []
-    # nodes first (they end their jobs' steps), then the controller, then munge
-    order = sorted(state.pids, key=lambda n: (not n.startswith("slurmd"), n == "munged"))
-    for name in order:
-        if not _stop_session(state.pids[name]):
-            survivors.append(f"{name} (pid {state.pids[name]})")
-    state.pids.clear()
-    if state.network:
-        network = NodeNetwork.from_record(state.network)
-        survivors.extend(network.destroy())
-        state.network = {}
-    state.save()
-    return survivors
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,15 +8,12 @@ their Python stacks. The orchestrator cannot see a compute node's processes; thi
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-from pathlib import Path
 
 import psutil
 
+from trainflow.backends.stacks import py_spy_dump
 from trainflow.worker_config import JOB_ENV
-
-PY_SPY = Path(sys.executable).parent / "py-spy"
 
 
 def workers(run_id: str) -> dict[int, psutil.Process]:
@@ -45,18 +42,8 @@ def state(run_id: str) -> str:
 
 
 def stacks(run_id: str) -> dict[int, str]:
-    dumped = {}
-    for rank, proc in sorted(workers(run_id).items()):
-        if not PY_SPY.exists():
-            dumped[rank] = "py-spy is not installed on this node"
-            continue
-        try:
-            result = subprocess.run([str(PY_SPY), "dump", "--pid", str(proc.pid)], capture_output=True,
-                                    text=True, timeout=20)
-            dumped[rank] = (result.stdout or result.stderr).strip()[-20000:]
-        except subprocess.TimeoutExpired:
-            dumped[rank] = "py-spy dump timed out"
-    return dumped
+    return {rank: py_spy_dump(proc.pid, missing="py-spy is not installed on this node")
+            for rank, proc in sorted(workers(run_id).items())}
 
 
 if __name__ == "__main__":

@@ -1,0 +1,66 @@
+"""How the local backend starts one node's torchrun agent: its command line and environment."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from trainflow.backends.base import AttemptPlan
+from trainflow.backends.local.allocation import LocalAllocation
+from trainflow.backends.worker import secret_environment
+from trainflow.worker_config import CONFIG_ENV, JOB_ENV
+
+LOOPBACK = "127.0.0.1"
+
+
+def torchrun_log_dir(attempt_dir: Path, node: int) -> Path:
+    """Where a node's agent keeps its ranks' stderr files and error files."""
+    return attempt_dir / "torchrun" / f"node-{node}"
+
+
+def agent_command(spec, allocation: LocalAllocation, plan: AttemptPlan, node: int, slot: int,
+                  attempt_dir: Path) -> list[str]:
+    network = allocation.network
+    store_host = network.node_address(allocation.slots[0]) if network else LOOPBACK
+    own_address = network.node_address(slot) if network else LOOPBACK
+    command = [
+        sys.executable, "-m", "trainflow.backends.agent",
+        "--nnodes", str(spec.resources.nodes),
+        "--nproc-per-node", str(spec.resources.procs_per_node),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"{store_host}:{allocation.ports['rendezvous']}",
+        "--rdzv-id", f"{allocation.run_id}-{plan.attempt}",
+        "--rdzv-conf", f"is_host={'true' if node == 0 else 'false'}",
+        "--max-restarts", "0",
+        "--monitor-interval", "0.1",
+        "--local-addr", own_address,
+        "--log-dir", str(torchrun_log_dir(attempt_dir, node)),
+        # each rank's stderr also in a file of its own, so a failure can quote the rank's last lines
+        "--redirects", "2", "--tee", "2",
+        spec.workload.entrypoint, *spec.workload.args,
+    ]
+    return network.wrap(command, slot) if network else command
+
+
+def agent_environment(spec, allocation: LocalAllocation, node: int, config_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(secret_environment(spec))  # explicitly, whatever else of this environment is passed on
+    env.update(
+        {
+            CONFIG_ENV: str(config_path),
+            JOB_ENV: allocation.run_id,
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": str(max(1, int(spec.resources.cpu // spec.resources.procs_per_node))),
+        }
+    )
+    # the communication library's own account of each attempt lands in the node logs
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "INFO")
+    if spec.comm_backend() == "nccl":
+        env.setdefault("NCCL_DEBUG", "INFO")
+    if allocation.network is not None:
+        env["GLOO_SOCKET_IFNAME"] = "eth0"
+    if spec.resources.gpu:
+        first = node * spec.resources.gpu
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(first + i) for i in range(spec.resources.gpu))
+    return env

@@ -1,0 +1,18 @@
+"""What the local backend holds for one run: its agents' sessions and, optionally, a network per node."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainflow.backends.base import Allocation
+from trainflow.backends.netns import NodeNetwork
+
+
+@dataclass
+class LocalAllocation(Allocation):
+    network: NodeNetwork | None = None  # one network namespace per node (resources.network: namespaces)
+    sessions: list[int] = field(default_factory=list)  # every attempt's agent sessions, ended at release
+    unrecoverable: set[int] = field(default_factory=set)  # node slots that must not come back (drills)
+
+    def network_record(self) -> dict | None:
+        return self.network.record() if self.network is not None else None

@@ -1,0 +1,193 @@
+"""The local backend's Launcher: one torchrun agent per node, each in a session of its own, and the
+abilities drills use to break a run from outside (signal a rank, preempt a node, cut its link)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+
+from trainflow.backends import register
+from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, NodeExit, RankExit, ReleaseReport
+from trainflow.backends.local.agent_command import LOOPBACK, agent_command, agent_environment, torchrun_log_dir
+from trainflow.backends.local.allocation import LocalAllocation
+from trainflow.backends.local.config import LocalNetwork, local_config
+from trainflow.backends.local.observe import alive, node_state, node_workers, rank_stacks, session_members
+from trainflow.backends.netns import NetworkError, NodeNetwork, cut_node_link
+from trainflow.backends.parent_death import ending_with_this_process
+from trainflow.backends.ports import free_port, is_listening
+from trainflow.backends.processes import describe, job_processes, signal_session, terminate, wait_until_gone
+from trainflow.backends.torchrun_report import failed_ranks, root_cause_exitcode, stderr_tail
+from trainflow.backends.worker import worker_config
+from trainflow.capacity import local_capacity_problem
+from trainflow.private_files import open_private, private_folder
+from trainflow.spec import RunSpec, SpecError
+
+
+class ProvisionError(RuntimeError):
+    """The resources the spec asks for are not available here."""
+
+
+@register("local")
+class LocalLauncher:
+    name = "local"
+    shares_scratch = True  # the orchestrator can reach every node's scratch (drills open their fault gate there)
+
+    def preflight(self, spec: RunSpec) -> None:
+        """This machine must hold the job: the nodes are this machine's processes."""
+        problem = local_capacity_problem(spec.resources)
+        if problem:
+            raise SpecError(problem)
+
+    def provision(self, spec, run_id: str, scratch: Path) -> LocalAllocation:
+        self._check_capacity(spec)
+        private_folder(scratch)  # worker configs (the status token), logs and node-local checkpoints
+        allocation = LocalAllocation(
+            run_id=run_id,
+            backend=self.name,
+            nodes=spec.resources.nodes,
+            scratch=scratch,
+            ports={"rendezvous": free_port(LOOPBACK)},
+            slots=list(range(spec.resources.nodes)),
+        )
+        if local_config(spec).network == LocalNetwork.namespaces:
+            if os.geteuid() != 0 or not shutil.which("ip"):
+                raise ProvisionError("resources.network: namespaces needs root and iproute2 (`ip`)")
+            network = NodeNetwork(run_id, spec.resources.nodes)
+            try:
+                network.create()
+            except NetworkError as exc:
+                raise ProvisionError(f"resources.network: {exc}") from None
+            allocation.network = network
+            allocation.status_host = network.host_address
+        return allocation
+
+    @staticmethod
+    def _check_capacity(spec) -> None:
+        problem = local_capacity_problem(spec.resources)  # preflight refuses these first; flows may skip it
+        if problem:
+            raise ProvisionError(problem)
+
+    def launch(self, spec, allocation: LocalAllocation, plan: AttemptPlan) -> AttemptHandle:
+        attempt_dir = allocation.scratch / f"attempt-{plan.attempt}"
+        private_folder(attempt_dir)
+        nodes = spec.resources.nodes
+        handle = AttemptHandle(attempt=plan.attempt, nodes=nodes, started_at=time.time(), logs={},
+                               procs_per_node=spec.resources.procs_per_node)
+        handle.slots = allocation.slots[:nodes]
+        for node, slot in enumerate(handle.slots):
+            node_scratch = private_folder(allocation.scratch / f"node-{slot}")
+            config = worker_config(spec, allocation.run_id, plan, node, node_scratch)
+            config_path = config.write(attempt_dir / f"node-{node}.json")
+            log_path = attempt_dir / f"node-{node}.log"
+            with open(open_private(log_path, append=True), "ab") as log:
+                handle.processes[node] = subprocess.Popen(
+                    ending_with_this_process(agent_command(spec, allocation, plan, node, slot, attempt_dir)),
+                    env=agent_environment(spec, allocation, node, config_path),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            handle.logs[node] = log_path
+        allocation.sessions.extend(p.pid for p in handle.processes.values())
+        return handle
+
+    def poll(self, handle: AttemptHandle) -> list[NodeExit]:
+        """Agents' exit codes, and a dead worker noticed before its agent has reacted (the agent
+        takes most of a second to notice, stop its other workers and exit)."""
+        exits = []
+        for node, proc in sorted(handle.processes.items()):
+            code = proc.poll()
+            lost = code is None and any(not alive(w) for w in node_workers(handle, node, proc.pid))
+            worker_code = root_cause_exitcode(handle.logs[node]) if code not in (None, 0) else None
+            ranks = self._failed_ranks(handle, node) if code not in (None, 0) else ()
+            exits.append(NodeExit(node, code, workers_lost=lost, worker_returncode=worker_code, ranks=ranks))
+        return exits
+
+    @staticmethod
+    def _failed_ranks(handle: AttemptHandle, node: int) -> tuple[RankExit, ...]:
+        """The agent's own account of each failed rank, with that rank's last stderr lines."""
+        log_dir = torchrun_log_dir(handle.logs[node].parent, node)
+        return tuple(
+            replace(failed, stderr_tail=tuple(stderr_tail(log_dir, failed.local_rank)))
+            for failed in failed_ranks(handle.logs[node])
+        )
+
+    def stop(self, handle: AttemptHandle, grace_s: float) -> int:
+        """End every node's whole session: SIGTERM (torchrun forwards it) and SIGCONT (so frozen
+        processes can act on it), then SIGKILL after the grace period."""
+        running = [proc for proc in handle.processes.values() if proc.poll() is None]
+        members = session_members([proc.pid for proc in handle.processes.values()])
+        # torchrun starts each worker in a session of its own: one blocked where it cannot act on
+        # SIGTERM (a call to a store that does not answer) would outlive its agent
+        workers = [w for known in handle.workers.values() for w in known if w not in members]
+        for proc in running:
+            signal_session(proc.pid, signal.SIGTERM)
+            signal_session(proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(p.poll() is None for p in running):
+            time.sleep(0.05)
+        for proc in handle.processes.values():
+            signal_session(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for worker in workers:
+            try:
+                worker.kill()  # psutil checks the pid still names this process
+            except psutil.Error:
+                pass
+        psutil.wait_procs([m for m in members + workers if m.is_running()], timeout=5)
+        return len(members) + len(workers)
+
+    def probe(self, handle: AttemptHandle, node: int) -> str:
+        return node_state(handle, node)
+
+    def dump_stacks(self, handle: AttemptHandle, pids_by_rank: dict[int, int]) -> dict[int, str]:
+        return rank_stacks(pids_by_rank)
+
+    def replace_node(self, allocation: LocalAllocation, slot: int) -> bool:
+        """Bring a failed node slot back for the next attempt; False when it cannot come back."""
+        if slot in allocation.unrecoverable:
+            return False
+        if allocation.network is not None:
+            try:
+                allocation.network.restore(slot)
+            except NetworkError:
+                return False
+        return True
+
+    def signal_rank(self, allocation: Allocation, pid: int, sig: signal.Signals) -> None:
+        os.kill(pid, sig)  # every rank is a process of this machine
+
+    def preempt_node(self, handle: AttemptHandle, node: int) -> None:
+        handle.processes[node].send_signal(signal.SIGTERM)  # to the node's agent, which passes it on
+
+    def cut_node(self, allocation: LocalAllocation, slot: int, permanent: bool) -> str:
+        return cut_node_link(allocation.network, allocation.unrecoverable, slot, permanent,
+                             without_links="node-loss needs resources.network: namespaces")
+
+    def release(self, allocation: LocalAllocation) -> ReleaseReport:
+        report = ReleaseReport()
+        for session in allocation.sessions:
+            signal_session(session, signal.SIGCONT)
+            signal_session(session, signal.SIGKILL)
+        leftovers = job_processes(allocation.run_id)
+        report.stopped_processes = terminate(leftovers, grace_s=2.0) if leftovers else 0
+        report.survivors = [describe(p) for p in wait_until_gone(allocation.run_id, timeout_s=5.0)]
+        network = allocation.network
+        if network is not None:
+            report.survivors.extend(network.destroy())
+            report.removed_paths.append(f"network namespaces of {network.bridge}")
+        for name, port in allocation.ports.items():
+            if not network and is_listening(port):
+                report.survivors.append(f"port {port} ({name}) still listening")
+            else:
+                report.released_ports.append(port)
+        report.remove_folder(allocation.scratch)
+        return report

@@ -1,0 +1,65 @@
+"""How the local backend's nodes look from outside: agents' workers, sessions, frozen or gone
+processes, and every rank's Python stacks."""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+
+from trainflow.backends.base import AttemptHandle
+from trainflow.backends.stacks import py_spy_dump
+
+
+def alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def node_workers(handle: AttemptHandle, node: int, agent_pid: int) -> list[psutil.Process]:
+    """The node's worker processes once its agent has started all of them (none before), remembered
+    on the handle so a worker that dies is still known."""
+    known = handle.workers.get(node, [])
+    if len(known) < handle.procs_per_node:
+        try:
+            known = [c for c in psutil.Process(agent_pid).children() if alive(c)]
+        except psutil.Error:
+            known = []
+        handle.workers[node] = known
+    return known if len(known) == handle.procs_per_node else []
+
+
+def session_members(sessions: list[int]) -> list[psutil.Process]:
+    """Every process in one of these sessions."""
+    members = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getsid(proc.pid) in sessions:
+                members.append(proc)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return members
+
+
+def node_state(handle: AttemptHandle, node: int) -> str:
+    """How a silent node looks from this machine: its processes stopped, running, or gone."""
+    agent = handle.processes.get(node)
+    if agent is None or agent.poll() is not None:
+        return "gone"
+    try:
+        leader = psutil.Process(agent.pid)
+        workers = leader.children(recursive=True)
+        if leader.status() == psutil.STATUS_STOPPED:
+            return "node-stopped"
+        if any(w.status() == psutil.STATUS_STOPPED for w in workers):
+            return "workers-stopped"
+    except psutil.Error:
+        return "gone"
+    return "running"
+
+
+def rank_stacks(pids_by_rank: dict[int, int]) -> dict[int, str]:
+    """Every rank's Python stacks, read from outside with py-spy (works on frozen processes)."""
+    return {rank: py_spy_dump(pid) for rank, pid in sorted(pids_by_rank.items())}
