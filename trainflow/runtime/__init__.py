@@ -253,7 +253,8 @@ class Run:
             self._data_wait += time.perf_counter() - began
 
     def log(self, **metrics: float) -> None:
-        """Metrics of the current step; rank 0's are recorded by the orchestrator."""
+        """Metrics of the current step. The orchestrator records `loss` as the mean over the ranks
+        (every rank sends its own); any other metric as rank 0 logged it."""
         for name, value in metrics.items():
             value = float(value)
             if name == "loss" and not math.isfinite(value):
@@ -286,9 +287,9 @@ class Run:
             # every rank reports for itself: the orchestrator counts the attempt finished only
             # once the whole world has, each from its own connection
             digest = full_params_sha256(self._state.model)  # collective: sharded parameters are gathered
-            report: dict[str, Any] = {"step": self.step}
+            report: dict[str, Any] = {"step": self.step, "loss": self._last_loss}  # final_loss: their mean
             if self.is_main:
-                report.update(params_sha256=digest, loss=self._last_loss)
+                report.update(params_sha256=digest)
             self.reporter.send("finished", **report)
         dist.barrier()
         self.reporter.close()
@@ -303,6 +304,8 @@ class Run:
             if samples_per_step:
                 metrics["samples_per_s"] = samples_per_step / elapsed
             entry["metrics"] = metrics
+        elif "loss" in self._metrics:  # the other ranks send only their loss, for the mean over ranks
+            entry["loss"] = self._metrics["loss"]
         self._progress.append(entry)
         self._metrics = {}
         self._data_wait = 0.0
