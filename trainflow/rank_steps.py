@@ -25,6 +25,13 @@ class StepReport:
     loss: float | None = None  # this rank's loss, if its script logged one at this step
     metrics: dict[str, float] | None = None  # rank 0's metrics of the step (loss included)
 
+    @classmethod
+    def of_entry(cls, rank: int, entry: dict, sent_at: float) -> StepReport:
+        """A progress entry as the status channel accepted it: rank 0's metrics carry its loss, the
+        other ranks send only theirs, beside the step."""
+        loss = entry.get("loss", (entry.get("metrics") or {}).get("loss"))
+        return cls(rank, entry["step"], entry.get("t", sent_at), loss, entry.get("metrics") if rank == 0 else None)
+
 
 def mean_over_ranks(losses: dict[int, float]) -> float:
     """The mean of per-rank values, summed in rank order so every reader computes the same digits."""

@@ -50,7 +50,7 @@ class AttemptStatus:
     world_size: int | None = None  # None: as the workers announce it (their `started` messages)
     started_at: float = field(default_factory=time.time)
     ranks: dict[int, RankStatus] = field(default_factory=dict)
-    finished: dict | None = None  # rank 0's report, once every rank has finished
+    finished: dict | None = None  # once every rank has finished: rank 0's report, loss the mean over ranks
     finished_ranks: dict[int, dict] = field(default_factory=dict)  # each rank's own finished report
     errors: list[dict] = field(default_factory=list)
     restored_step: int | None = None
@@ -279,7 +279,7 @@ class StatusServer:
                 current.finished = {**current.finished_ranks[0], "loss": mean_over_ranks(losses) if losses else None}
         if kind == "progress":
             for entry in message["steps"]:
-                self.steps.put(_step_report(identity.rank, entry, message["t"]))
+                self.steps.put(StepReport.of_entry(identity.rank, entry, message["t"]))
         elif kind == "resources":  # named like MLflow's system metrics, one set per node
             figures = {f"system/node_{identity.node}/{name}": value for name, value in message["figures"].items()}
             self.metrics.put((current.max_step(), message["t"], figures))
@@ -300,9 +300,3 @@ class StatusServer:
         if known is not None and known.pid != identity.pid:
             return f"rank {identity.rank} is process {known.pid} in attempt {current.attempt}, not {identity.pid}"
         return None
-
-
-def _step_report(rank: int, entry: dict, sent_at: float) -> StepReport:
-    """Rank 0's metrics carry its loss; the other ranks send only theirs, beside the step."""
-    loss = entry.get("loss", (entry.get("metrics") or {}).get("loss"))
-    return StepReport(rank, entry["step"], entry.get("t", sent_at), loss, entry.get("metrics") if rank == 0 else None)
