@@ -1,7 +1,7 @@
 """The orchestrator's side of the status channel: one TCP server, JSON lines from every worker.
 
 It keeps, per rank, the last heartbeat, the last step and when that step was reached, and queues
-metrics and events for the watch task.
+every rank's step reports (rank_steps.py), the nodes' figures and the events for the watch task.
 
 A connection counts only once its first line, a hello with the run's token, arrives within the
 limits of `status_limits` (time, line size, connections waiting). The hello binds the connection
@@ -23,6 +23,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from trainflow.rank_steps import StepReport, mean_over_ranks
 from trainflow.status_limits import ChannelLimits, LineReader, LineTooLong, PendingConnections
 from trainflow.status_messages import HELLO, Identity, Malformed, identity_of, parse_line
 
@@ -49,7 +50,7 @@ class AttemptStatus:
     world_size: int | None = None  # None: as the workers announce it (their `started` messages)
     started_at: float = field(default_factory=time.time)
     ranks: dict[int, RankStatus] = field(default_factory=dict)
-    finished: dict | None = None  # rank 0's report, once every rank has finished
+    finished: dict | None = None  # once every rank has finished: rank 0's report, loss the mean over ranks
     finished_ranks: dict[int, dict] = field(default_factory=dict)  # each rank's own finished report
     errors: list[dict] = field(default_factory=list)
     restored_step: int | None = None
@@ -78,7 +79,8 @@ class StatusServer:
     ):
         self.token = secrets.token_hex(16)
         self.limits = limits
-        self.metrics: queue.Queue = queue.Queue()
+        self.steps: queue.Queue[StepReport] = queue.Queue()  # every rank's report of every step
+        self.metrics: queue.Queue = queue.Queue()  # (step, t, figures) of the nodes' resources
         self.events: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._attempt = AttemptStatus(attempt=0)
@@ -272,12 +274,12 @@ class StatusServer:
             elif kind == "diverged":
                 current.diverged = message
             newly_finished = current.finished is None and current.all_finished()
-            if newly_finished:
-                current.finished = current.finished_ranks[0]  # rank 0's hash and loss are the run's
+            if newly_finished:  # rank 0's hash is the run's; the loss is the mean over the ranks
+                losses = {r: m["loss"] for r, m in current.finished_ranks.items() if m.get("loss") is not None}
+                current.finished = {**current.finished_ranks[0], "loss": mean_over_ranks(losses) if losses else None}
         if kind == "progress":
             for entry in message["steps"]:
-                if "metrics" in entry:
-                    self.metrics.put((entry["step"], entry.get("t", message["t"]), entry["metrics"]))
+                self.steps.put(StepReport.of_entry(identity.rank, entry, message["t"]))
         elif kind == "resources":  # named like MLflow's system metrics, one set per node
             figures = {f"system/node_{identity.node}/{name}": value for name, value in message["figures"].items()}
             self.metrics.put((current.max_step(), message["t"], figures))

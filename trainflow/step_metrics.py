@@ -6,7 +6,8 @@ interval are recorded as one row per metric, at the last step of the interval, w
 Slower steps are recorded one by one. The final step of the run is always a row of its own, so
 the last `loss` point is the final step's loss (`final_loss`).
 
-How a metric is aggregated over an interval (they are rank 0's, as its script logged them):
+How a metric is aggregated over an interval (a step's `loss` is already the mean over the ranks,
+rank_steps.py; every other metric is rank 0's, as its script logged it):
 - `loss` and trainflow's own per-step timings (`step_time_s`, `comm_wait_s`, `data_wait_s`,
   `samples_per_s`): the mean of the interval's steps;
 - the metrics a spec names in `tracking.mean_metrics`: likewise;

@@ -19,7 +19,6 @@ report nothing, so they are watched by their exits only.
 from __future__ import annotations
 
 import queue
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,12 +27,13 @@ from trainflow.backends import AttemptHandle, Launcher
 from trainflow.backends.abilities import DumpsStacks, ProbesNodes
 from trainflow.failures import AttemptResult, Outcome, classify_exit, rank_failures
 from trainflow.status import AttemptStatus, StatusServer
-from trainflow.step_metrics import MetricRows, StepMetricWindow
+from trainflow.attempt_metrics import AttemptMetrics
+from trainflow.step_metrics import MetricRows
+from trainflow.stragglers import StragglerWatch
 
 HANG_FLOOR_S = 30.0
 HANG_STEP_FACTOR = 20.0
 METRICS_FLUSH_S = 1.0
-STRAGGLER_REPORT_S = 5.0
 # after a worker dies its agent stops the node's other workers and exits with its failure report,
 # within a second or two; on a loaded machine it can take much longer, and nothing is decided before
 AGENT_EXIT_WAIT_S = 60.0
@@ -82,13 +82,11 @@ class AttemptWatcher:
         self.resumed_from_step = resumed_from_step
         self.on_metrics = on_metrics
         self.on_event = on_event
-        self._pending: MetricRows = []
-        self._window = StepMetricWindow(step_metrics_every_s, mean_metrics, final_step)
+        self._metrics = AttemptMetrics(world_size, step_metrics_every_s, mean_metrics, final_step)
+        self.totals = self._metrics.totals  # the ledger's sums; checkpoint stalls are added here
         self._flushed_at = time.monotonic()
-        self._scored_at = time.monotonic()
-        self.stragglers: dict[int, dict] = {}
-        self._straggling: dict[int, int] = {}
-        self.totals: dict[str, float] = {}
+        self._straggler_watch = StragglerWatch(limits.straggler_factor, limits.straggler_steps)
+        self.stragglers = self._straggler_watch.stragglers
         self._storage_calls: dict[int, dict] = {}  # rank -> the storage call it is blocked in
         self._storage_error = ""  # the last failed checkpoint's reason
         self._leaving_since: float | None = None
@@ -105,7 +103,7 @@ class AttemptWatcher:
                 time.sleep(poll_s)
         finally:
             self._pump()
-            self._pending.extend(self._window.close())
+            self._metrics.close()
             self._flush()
 
     def _check(self) -> AttemptResult | None:
@@ -229,30 +227,10 @@ class AttemptWatcher:
         return self.launcher.dump_stacks(self.handle, {r.rank: r.pid for r in status.ranks.values() if r.pid})
 
     def _watch_stragglers(self, status: AttemptStatus) -> None:
-        """A rank whose mean compute time (step time minus waiting in all-reduce) stays above the
-        factor times the other ranks' median for `straggler_steps` checks in a row."""
-        window = max(4 * self.limits.straggler_steps, 20)
-        recent = {r.rank: list(r.compute_s)[-window:] for r in status.ranks.values() if len(r.compute_s) >= window}
-        if len(recent) < 2:
-            return
-        means = {rank: statistics.fmean(values) for rank, values in recent.items()}
-        scores = {}
-        for rank in recent:
-            others = statistics.median(m for r, m in means.items() if r != rank)
-            if others <= 0:
-                continue
-            scores[rank] = means[rank] / others
-            above = scores[rank] > self.limits.straggler_factor
-            self._straggling[rank] = self._straggling.get(rank, 0) + 1 if above else 0
-            if rank not in self.stragglers and self._straggling[rank] >= self.limits.straggler_steps:
-                report = {"kind": "straggler", "rank": rank, "node": status.ranks[rank].node,
-                          "score": round(scores[rank], 2), "step": status.ranks[rank].step, "t": time.time()}
-                self.stragglers[rank] = report
-                self.on_event(report)
-        if time.monotonic() - self._scored_at > STRAGGLER_REPORT_S:
-            step, now = status.max_step(), time.time()
-            self._pending.extend((f"straggler_score_rank_{r}", s, step, now) for r, s in scores.items())
-            self._scored_at = time.monotonic()
+        found, scores = self._straggler_watch.check(status)
+        for report in found:
+            self.on_event(report)
+        self._metrics.add_rows(scores)
 
     def _result(self, outcome, reason, status, detected_at, failed_at, evidence) -> AttemptResult:
         # the node folders go at teardown; the logs are kept as this attempt's MLflow artifacts
@@ -280,14 +258,14 @@ class AttemptWatcher:
     def _pump(self) -> None:
         while True:
             try:
-                step, t, metrics = self.channel.metrics.get_nowait()
+                self._metrics.add_step(self.channel.steps.get_nowait())
             except queue.Empty:
                 break
-            for key in ("step_time_s", "comm_wait_s", "data_wait_s"):
-                if key in metrics:
-                    self.totals[key] = self.totals.get(key, 0.0) + metrics[key]
-            self.totals["steps"] = self.totals.get("steps", 0) + ("step_time_s" in metrics)
-            self._pending.extend(self._window.add(step, t, metrics))
+        while True:
+            try:
+                self._metrics.add_figures(*self.channel.metrics.get_nowait())
+            except queue.Empty:
+                break
         while True:
             try:
                 event = self.channel.events.get_nowait()
@@ -308,7 +286,7 @@ class AttemptWatcher:
             self._flush()
 
     def _flush(self) -> None:
-        if self._pending:
-            rows, self._pending = self._pending, []
+        rows = self._metrics.take()
+        if rows:
             self.on_metrics(rows)
         self._flushed_at = time.monotonic()

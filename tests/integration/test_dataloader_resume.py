@@ -4,6 +4,8 @@ checkpoint: the run that fails over ends bit-identical to an uninterrupted one."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.integration.conftest import run_cli, summary_of, unique_prefix
@@ -19,21 +21,32 @@ JOB = [
 ]
 
 
-def run(env: dict, stop_at_step: int) -> dict:
-    result = run_cli(["run", "examples/digits/spec.yaml", "--set", f"workload.args=[--stop-at-step, '{stop_at_step}']",
+def run(env: dict, stop_at_step: int, losses: Path) -> dict:
+    args = f"workload.args=[--stop-at-step, '{stop_at_step}', --losses, '{losses}']"
+    result = run_cli(["run", "examples/digits/spec.yaml", "--set", args,
                       "--set", f"checkpoint.uri={unique_prefix()}", *JOB], env, timeout_s=420)
     assert result.returncode == 0, result.stderr[-4000:]
     return summary_of(result)
 
 
+def last_losses(folder: Path) -> list[float]:
+    return [float((folder / f"rank-{rank}.txt").read_text()) for rank in range(2)]
+
+
 @pytest.mark.timeout(900)  # two runs, one of them failing over
-def test_dataloader_job_resumes_exactly_from_a_mid_epoch_checkpoint(cli_env):
-    uninterrupted = run(cli_env, stop_at_step=0)
+def test_dataloader_job_resumes_exactly_from_a_mid_epoch_checkpoint(cli_env, tmp_path):
+    (tmp_path / "uninterrupted").mkdir()
+    (tmp_path / "resumed").mkdir()
+    uninterrupted = run(cli_env, stop_at_step=0, losses=tmp_path / "uninterrupted")
     assert [a["outcome"] for a in uninterrupted["attempts"]] == ["SUCCEEDED"]
+    # final_loss is the mean of the ranks' losses at the final step (their data differ, so do they)
+    zero, one = last_losses(tmp_path / "uninterrupted")
+    assert zero != one and uninterrupted["final_loss"] == (zero + one) / 2
     # step 15 is batch 3 of epoch 2; the first attempt commits it and exits
-    resumed = run(cli_env, stop_at_step=15)
+    resumed = run(cli_env, stop_at_step=15, losses=tmp_path / "resumed")
     attempts = resumed["attempts"]
     assert [a["outcome"] for a in attempts] == ["CRASHED", "SUCCEEDED"], attempts
     assert attempts[1]["resumed_from_step"] == 15
     assert resumed["final_step"] == 30
     assert resumed["params_sha256"] == uninterrupted["params_sha256"]
+    assert last_losses(tmp_path / "resumed") == [zero, one] and resumed["final_loss"] == uninterrupted["final_loss"]

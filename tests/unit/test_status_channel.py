@@ -61,9 +61,9 @@ def test_progress_reaches_the_server(server, reporter):
     rank = snapshot.ranks[0]
     assert (rank.node, rank.pid, rank.step_time_s) == (0, 1000, 0.01)
     assert rank.progressed_at > 0 and snapshot.first_step_at is not None
-    step, t, metrics = server.metrics.get(timeout=5)
-    assert step == 3 and metrics == {"loss": 1.0}
-    assert abs(t - time.time()) < 60
+    report = server.steps.get(timeout=5)
+    assert (report.rank, report.step, report.loss, report.metrics) == (0, 3, 1.0, {"loss": 1.0})
+    assert abs(report.t - time.time()) < 60
 
 
 def test_close_delivers_what_is_queued(server, reporter):
@@ -96,8 +96,9 @@ def test_wrong_token_is_ignored(server, reporter):
     wait_for(server, lambda s: 1 in s.ranks and s.ranks[1].step == 1)
     time.sleep(0.3)  # give the intruder every chance to show up
     assert 0 not in server.snapshot().ranks
+    assert server.steps.get(timeout=5).rank == 1
     with pytest.raises(queue.Empty):
-        server.metrics.get_nowait()
+        server.steps.get_nowait()
 
 
 def test_messages_of_another_attempt_are_ignored(server, reporter):
@@ -108,9 +109,9 @@ def test_messages_of_another_attempt_are_ignored(server, reporter):
     worker.send("progress", steps=[{"step": 3, "step_time_s": 0.01, "metrics": {"loss": 1.0}}])
     snapshot = wait_for(server, lambda s: 0 in s.ranks and s.ranks[0].step == 3)
     assert snapshot.errors == []
-    assert server.metrics.get(timeout=5)[0] == 3
+    assert server.steps.get(timeout=5).step == 3
     with pytest.raises(queue.Empty):
-        server.metrics.get_nowait()
+        server.steps.get_nowait()
 
 
 def test_reporter_of_a_later_attempt_is_ignored_until_it_begins(server, reporter):
@@ -134,7 +135,7 @@ def test_heartbeats_update_last_seen_without_progress(server, reporter):
     assert rank.step == 0 and rank.progressed_at == 0.0
     assert snapshot.first_step_at is None
     with pytest.raises(queue.Empty):
-        server.metrics.get_nowait()
+        server.steps.get_nowait()
 
 
 def test_begin_attempt_forgets_the_previous_one(server, reporter):

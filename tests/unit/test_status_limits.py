@@ -168,7 +168,7 @@ def test_a_malformed_message_after_the_hello_is_dropped_and_the_connection_goes_
         eventually(lambda: 0 in server.snapshot().ranks and server.snapshot().ranks[0].step == 3,
                    "the good message after the bad ones is applied")
     assert sum("dropped a message" in r.getMessage() for r in caplog.records) == 1
-    assert server.events.empty() and server.metrics.empty()
+    assert server.events.empty() and server.metrics.empty() and server.steps.qsize() == 1
     assert "Traceback" not in capsys.readouterr().err
 
 

@@ -282,3 +282,31 @@ def test_a_slow_start_up_is_no_hang_when_one_rank_reports_its_first_step_before_
     finally:
         for r in ranks:
             r.close()
+
+
+def test_the_loss_is_the_mean_over_ranks_and_final_loss_the_mean_of_their_last_losses(channel):
+    rows = []
+    ranks = [reporter(channel, r) for r in range(2)]
+    for step, (zero, one) in enumerate([(1.0, 3.0), (0.5, 1.5), (0.25, 0.75)], start=1):
+        metrics = {"loss": zero, "lr": 0.1, "step_time_s": 0.01}
+        ranks[0].send("progress", steps=[{"step": step, "step_time_s": 0.01, "metrics": metrics}])
+        ranks[1].send("progress", steps=[{"step": step, "step_time_s": 0.01, "loss": one}])
+    ranks[0].send("finished", step=3, params_sha256="ab" * 32, loss=0.25)
+    ranks[1].send("finished", step=3, loss=0.75)
+    for r in ranks:
+        r.close()
+    deadline = time.monotonic() + 30
+    while channel.snapshot().finished is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    launcher = StandInLauncher(2)
+    launcher.exits = [NodeExit(0, 0), NodeExit(1, 0)]
+    handle = AttemptHandle(attempt=1, nodes=2, started_at=time.time(), logs={})
+    watch = AttemptWatcher(launcher, handle, channel, WatchLimits(heartbeat_timeout_s=30, hang_timeout_s=30),
+                           world_size=2, resumed_from_step=0, on_metrics=rows.extend, on_event=lambda event: None,
+                           final_step=3)
+    result = watch.run(poll_s=0.05)
+    assert result.outcome == Outcome.SUCCEEDED, result.reason
+    assert [(step, value) for key, value, step, _ in rows if key == "loss"] == [(1, 2.0), (2, 1.0), (3, 0.5)]
+    assert {value for key, value, _, _ in rows if key == "lr"} == {0.1}  # rank 0's, as logged
+    assert result.finished["loss"] == 0.5 and result.finished["params_sha256"] == "ab" * 32
+    assert result.totals["steps"] == 3  # rank 0's steps, counted once

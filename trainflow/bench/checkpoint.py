@@ -34,11 +34,8 @@ Figures (medians over several saves and transfers; throughput rounds alternate w
 
 from __future__ import annotations
 
-import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -46,12 +43,12 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from trainflow.servers import ServerError, stop_server, wait_http
+from trainflow.bench.checkpoint_report import MB, render
+from trainflow.bench.s3_endpoint import SERVER_NICENESS, BenchError, s3_store
 
-MB = 1 << 20
+__all__ = ["SERVER_NICENESS", "BenchError", "Options", "render", "run_benchmark"]
+
 WIDTH = 1024  # the MLP's layers are WIDTH x WIDTH, float32: 4 MiB of parameters and 4 of momentum each
-BUCKET = "trainflow-bench"
-SERVER_NICENESS = 19
 
 TARGETS = {
     # figure: (what is compared, how it reads, passes)
@@ -60,10 +57,6 @@ TARGETS = {
     "restore": ("s3_restore_MBps / raw_boto3_download_MBps", ">= 0.8", lambda r: r >= 0.8),
     "step_overhead": ("step_overhead_pct", "<= 5", lambda r: r <= 5.0),
 }
-
-
-class BenchError(RuntimeError):
-    """The benchmark could not run (no S3 server, an unusable URI); the message says why."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +73,7 @@ def run_benchmark(options: Options, log=lambda text: None) -> dict:
     if options.size_mb < 8:
         raise BenchError("--size-mb must be at least 8 (one 1024x1024 layer and its momentum)")
     with ExitStack() as stack:
-        uri, endpoint = stack.enter_context(_s3_store(options.uri, log))
+        uri, endpoint = stack.enter_context(s3_store(options.uri, log))
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trainflow-bench-")))
         stack.enter_context(_process_group())
         stack.enter_context(_threads(1))
@@ -251,33 +244,6 @@ def _measure(options: Options, uri: str, endpoint: str, work: Path, log) -> dict
     return figures
 
 
-def render(figures: dict) -> str:
-    """The figures as a small table, then the targets."""
-    rows = [
-        ("checkpoint", f"{figures['checkpoint_bytes'] / MB:.1f} MiB in {figures['checkpoint_files']} files"),
-        ("S3 endpoint", f"{figures['endpoint']} (parts {figures['s3_upload_part_mb']} MiB up, "
-                        f"{figures['s3_download_part_mb']} MiB down, {figures['s3_concurrency']} in flight)"),
-        ("sync stall", f"{figures['sync_stall_s']:.3f} s"),
-        ("async stall", f"{figures['async_stall_s']:.3f} s"),
-        ("local write", f"{figures['local_write_MBps']:.0f} MiB/s"),
-        ("S3 upload", f"{figures['s3_upload_MBps']:.0f} MiB/s (raw boto3 {figures['raw_boto3_upload_MBps']:.0f}; "
-                      f"in the background, below training's priority: {figures['s3_upload_background_MBps']:.0f})"),
-        ("S3 restore", f"{figures['s3_restore_MBps']:.0f} MiB/s (raw boto3 {figures['raw_boto3_download_MBps']:.0f})"),
-        ("verify", f"{figures['verify_s']:.3f} s (whole restore {figures['restore_s']:.2f} s)"),
-        ("step overhead", f"{figures['step_overhead_pct']:.1f} % (checkpoint every {figures['checkpoint_every_steps']} "
-                          f"steps of {figures['step_time_s'] * 1000:.0f} ms, snapshot at most every "
-                          f"{figures['snapshot_every_s']:g} s; an interval ending in a local checkpoint "
-                          f"{figures['step_overhead_local_pct']:.1f} %, in a snapshot "
-                          f"{figures['step_overhead_snapshot_pct']:.1f} %)"),
-    ]
-    lines = [f"  {name:<14} {value}" for name, value in rows]
-    lines.append("targets:")
-    for name, target in figures["targets"].items():
-        mark = "met" if target["met"] else "NOT MET"
-        lines.append(f"  {name:<14} {target['measure']} = {target['value']} (target {target['target']}): {mark}")
-    return "\n".join(lines)
-
-
 def _default_overhead(overheads: dict[str, list[float]], interval_s: float, snapshot_every_s: float) -> float:
     """Over a long run at the defaults, one interval in every snapshot_every_s / interval_s ends
     in a snapshot, the others in a checkpoint that stays on the local tier."""
@@ -327,71 +293,3 @@ def _process_group():
         yield
     finally:
         dist.destroy_process_group()
-
-
-@contextmanager
-def _s3_store(uri: str | None, log):
-    """(checkpoint URI, endpoint description): `--uri`; else the bucket `trainflow-bench` on the
-    endpoint the AWS environment configures; else a bucket on an own moto_server."""
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if uri is None and endpoint is None:
-        with _moto_server(log) as own:
-            yield f"s3://{BUCKET}/checkpoints", f"{own} (moto_server started by the benchmark)"
-        return
-    if uri is not None and not uri.startswith("s3://"):
-        raise BenchError(f"--uri {uri!r}: the benchmark needs an s3://bucket/prefix URI")
-    uri = (uri or f"s3://{BUCKET}/checkpoints").rstrip("/")
-    from trainflow.checkpoint.s3 import S3Storage
-    from trainflow.checkpoint.storage import StorageError
-
-    try:
-        S3Storage(uri).check()
-    except StorageError as exc:
-        hint = "pass --uri s3://bucket/prefix, or unset AWS_ENDPOINT_URL_S3 for a moto_server of its own"
-        raise BenchError(f"{exc} ({hint})") from None
-    yield uri, endpoint or "AWS S3"
-
-
-@contextmanager
-def _moto_server(log):
-    import boto3
-
-    from trainflow.backends.ports import free_port
-
-    binary = Path(sys.executable).parent / "moto_server"
-    if not binary.exists():
-        found = shutil.which("moto_server")
-        if found is None:
-            raise BenchError("no S3 endpoint: pass --uri s3://bucket/prefix, or install moto[server] for moto_server")
-        binary = Path(found)
-    port = free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    log(f"starting moto_server on {endpoint}")
-    # The server stands in for a store that is not on the training node: it gets the CPU that
-    # training leaves. Our uploads and the plain boto3 yardstick talk to the same server.
-    proc = subprocess.Popen(
-        [str(binary), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        preexec_fn=lambda: os.nice(SERVER_NICENESS),
-    )
-    overrides = {
-        "AWS_ENDPOINT_URL_S3": endpoint, "AWS_ACCESS_KEY_ID": "trainflow-bench",
-        "AWS_SECRET_ACCESS_KEY": "trainflow-bench", "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    saved = {key: os.environ.get(key) for key in [*overrides, "AWS_PROFILE"]}
-    try:
-        try:
-            wait_http(f"{endpoint}/moto-api/", proc, timeout_s=60)
-        except ServerError as exc:
-            raise BenchError(f"moto_server: {exc}") from None
-        os.environ.update(overrides)
-        os.environ.pop("AWS_PROFILE", None)
-        boto3.client("s3").create_bucket(Bucket=BUCKET)
-        yield endpoint
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        stop_server(proc, grace_s=10)

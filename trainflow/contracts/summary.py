@@ -37,7 +37,7 @@ class RunSummary(BaseModel):
     prefect_flow_run_id: str
     final_step: int
     total_steps: int
-    final_loss: float | None  # rank 0's loss at the final step, as its script logged it
+    final_loss: float | None  # the mean over ranks of their loss at the final step
     params_sha256: str | None
     checkpoints: list[CheckpointRow]
     snapshots_failed: list[int]

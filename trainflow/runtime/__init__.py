@@ -27,7 +27,6 @@ import os
 import signal
 import sys
 import time
-import traceback
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -36,26 +35,25 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 from trainflow.checkpoint.storage import open_storage
 from trainflow.runtime import exit_codes
 from trainflow.runtime.checkpointing import Checkpointer, Stateful
 from trainflow.runtime.comm_timer import CommTimer
 from trainflow.runtime.control import ControlPlane
-from trainflow.runtime.data import ResumableLoader
+from trainflow.runtime.data import ResumableLoader, epochs_of
 from trainflow.runtime.ddp_buckets import fix_bucket_layout
+from trainflow.runtime.error_report import report_uncaught_errors
+from trainflow.runtime.fault_gate import wait_for_fault
 from trainflow.runtime.layout import ParallelLayout
 from trainflow.runtime.resources import ResourceSampler
 from trainflow.runtime.reporter import StatusReporter
 from trainflow.runtime.sharding import layout_warnings, replicated_dims
 from trainflow.runtime.state import full_params_sha256, seed_everything
-from trainflow.worker_config import WorkerConfig, gate_arrival_path
+from trainflow.runtime.step_reports import StepReports
+from trainflow.worker_config import WorkerConfig
 
 __all__ = ["ResumableLoader", "Run", "init"]
-
-PROGRESS_BATCH_S = 0.02  # steps are reported in batches at most this old
-FAULT_GATE_LIMIT_S = 120.0
 
 
 class Run:
@@ -83,7 +81,8 @@ class Run:
             heartbeat_interval_s=config.heartbeat_interval_s,
             orchestrator_timeout_s=config.orchestrator_timeout_s,
         )
-        self._install_error_reporting()
+        self._reports = StepReports(self.reporter, self.is_main)
+        report_uncaught_errors(self.reporter, self._flush_progress, lambda: self.step)
         dist.init_process_group(
             backend=config.comm_backend,
             timeout=timedelta(seconds=config.collective_timeout_s),
@@ -103,7 +102,6 @@ class Run:
         self._saved_step: int | None = None
         self._durable_step: int | None = None  # the newest step this worker knows is in the checkpoint store
         self._data_wait = 0.0
-        self._progress: list[dict] = []
         if self.local_rank == 0:  # one sampler per node
             self._resources = ResourceSampler(lambda figures: self.reporter.send("resources", figures=figures))
         self.reporter.send("started", world_size=self.world_size)
@@ -128,7 +126,7 @@ class Run:
         self._check_layout(model)
         fix_bucket_layout(model)  # fresh or restored alike: DDP's bucket layout must not change the sums
         # this run's node-local copies first, then the orchestrator's choice and older ones, each
-        # verified; a candidate that fails is skipped with its reason (see runtime/checkpointing.py)
+        # verified; a candidate that fails is skipped with its reason (see runtime/restore.py)
         restored = self._checkpointer.restore(self.config.restore_prefix, self._state)
         if restored is None:
             return 0
@@ -185,23 +183,12 @@ class Run:
                 self.checkpoint()
                 self._saved_step = step
             if step == self.config.pause_at_step:
-                self._wait_for_fault(step)
+                self._flush_progress()
+                wait_for_fault(Path(self.config.fault_gate), self.rank, step)
         if self._state is not None and self.step == self.total_steps and self._durable_step != self.step:
             # restored from a node-local copy of the last step, nothing left to train: that copy is
             # the only one, and a run succeeds only once its final state is in the checkpoint store
             self.checkpoint()
-
-    def _wait_for_fault(self, step: int) -> None:
-        """Drills only: stand still after `step` until the drill's fault is in, so it lands at this
-        step however fast the steps are. Heartbeats go on meanwhile; after FAULT_GATE_LIMIT_S, go on."""
-        self._flush_progress()
-        gate = Path(self.config.fault_gate)
-        # the drill injects only once every rank is here: a rank reports a checkpoint step before
-        # that step's save waits for the previous one, so a reported step alone says nothing of it
-        gate_arrival_path(gate, self.rank).write_text(str(step))
-        deadline = time.monotonic() + FAULT_GATE_LIMIT_S
-        while not gate.exists() and time.monotonic() < deadline:
-            time.sleep(0.005)
 
     def batches(
         self, loader: Iterable[Any], start: int = 0, samples_per_step: int | None = None
@@ -209,7 +196,7 @@ class Run:
         """The step loop over a data loader, epoch after epoch: yields (step, batch) for the steps
         after `start`. With a ResumableLoader registered in restore(data=loader) a restored run
         continues mid-epoch at the very batch it would have had (see runtime/data.py)."""
-        source = loader.forever() if hasattr(loader, "forever") else _epochs(loader)
+        source = epochs_of(loader)
         try:
             for step in self.steps(start, samples_per_step):
                 with self.waiting_for_data():
@@ -253,7 +240,8 @@ class Run:
             self._data_wait += time.perf_counter() - began
 
     def log(self, **metrics: float) -> None:
-        """Metrics of the current step; rank 0's are recorded by the orchestrator."""
+        """Metrics of the current step. The orchestrator records `loss` as the mean over the ranks
+        (every rank sends its own); any other metric as rank 0 logged it."""
         for name, value in metrics.items():
             value = float(value)
             if name == "loss" and not math.isfinite(value):
@@ -286,68 +274,27 @@ class Run:
             # every rank reports for itself: the orchestrator counts the attempt finished only
             # once the whole world has, each from its own connection
             digest = full_params_sha256(self._state.model)  # collective: sharded parameters are gathered
-            report: dict[str, Any] = {"step": self.step}
+            report: dict[str, Any] = {"step": self.step, "loss": self._last_loss}  # final_loss: their mean
             if self.is_main:
-                report.update(params_sha256=digest, loss=self._last_loss)
+                report.update(params_sha256=digest)
             self.reporter.send("finished", **report)
         dist.barrier()
         self.reporter.close()
         dist.destroy_process_group()
 
     def _report_step(self, step: int, elapsed: float, comm_wait: float, samples_per_step: int | None) -> None:
-        entry: dict[str, Any] = {
-            "step": step, "t": time.time(), "step_time_s": elapsed, "compute_s": max(0.0, elapsed - comm_wait)
-        }
-        if self.is_main:
-            metrics = dict(self._metrics, step_time_s=elapsed, comm_wait_s=comm_wait, data_wait_s=self._data_wait)
-            if samples_per_step:
-                metrics["samples_per_s"] = samples_per_step / elapsed
-            entry["metrics"] = metrics
-        self._progress.append(entry)
+        self._reports.add(step, elapsed, comm_wait, self._data_wait, self._metrics, samples_per_step)
         self._metrics = {}
         self._data_wait = 0.0
-        if entry["t"] - self._progress[0]["t"] >= PROGRESS_BATCH_S:
-            self._flush_progress()
 
     def _flush_progress(self) -> None:
-        if self._progress:
-            self.reporter.send("progress", steps=self._progress)
-            self._progress = []
+        self._reports.flush()
 
     def _pick_device(self) -> torch.device:
         if self.config.comm_backend == "nccl" and torch.cuda.is_available():
             torch.cuda.set_device(self.local_rank)
             return torch.device("cuda", self.local_rank)
         return torch.device("cpu")
-
-    def _install_error_reporting(self) -> None:
-        previous = sys.excepthook
-
-        def report(kind, value, tb):
-            # torchrun's own error file (TORCHELASTIC_ERROR_FILE), so its failure report names the cause
-            ErrorHandler().record_exception(value)
-            self._flush_progress()
-            self.reporter.send(
-                "error",
-                type=kind.__name__,
-                message=str(value)[:2000],
-                traceback="".join(traceback.format_exception(kind, value, tb))[-8000:],
-                step=self.step,
-            )
-            self.reporter.close(timeout=2.0)
-            previous(kind, value, tb)
-
-        sys.excepthook = report
-
-
-def _epochs(loader: Iterable[Any]) -> Iterator[Any]:
-    while True:
-        empty = True
-        for batch in loader:
-            empty = False
-            yield batch
-        if empty:
-            raise ValueError("the data loader has no batches for this rank")
 
 
 def init() -> Run:

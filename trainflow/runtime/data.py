@@ -22,7 +22,7 @@ transforms differ from the uninterrupted run.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -144,3 +144,18 @@ class ResumableLoader:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
+
+
+def epochs_of(loader: Iterable[Any]) -> Iterator[Any]:
+    """A loader's batches epoch after epoch: a ResumableLoader's own, or any iterable's, again and again."""
+    return loader.forever() if hasattr(loader, "forever") else _epochs(loader)
+
+
+def _epochs(loader: Iterable[Any]) -> Iterator[Any]:
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError("the data loader has no batches for this rank")

@@ -1,12 +1,14 @@
 """Test workload: an epoch-based DDP job fed by a DataLoader with a DistributedSampler (shuffled,
 two worker processes, a random augmentation in the dataset) and dropout in the model, so an exact
 resume needs the data position, the workers' randomness and the global RNG all restored.
-With --stop-at-step N the first attempt commits a checkpoint at step N and every rank exits 3."""
+With --stop-at-step N the first attempt commits a checkpoint at step N and every rank exits 3.
+With --losses DIR every rank writes the loss it logged at the final step to DIR/rank-R.txt."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -31,6 +33,7 @@ class NoisyPoints(Dataset):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--stop-at-step", type=int, default=0)
+    parser.add_argument("--losses", type=Path)
     args = parser.parse_args()
 
     run = tf.init()
@@ -51,6 +54,8 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         run.log(loss=loss.item(), epoch=loader.epoch)
+        if args.losses is not None and step == run.total_steps:
+            (args.losses / f"rank-{run.rank}.txt").write_text(repr(loss.item()))
         if step == args.stop_at_step and run.config.attempt == 1:
             run.checkpoint()  # returns once committed: the retry resumes here, mid-epoch
             sys.exit(3)

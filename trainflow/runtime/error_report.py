@@ -1,0 +1,32 @@
+"""An exception nobody caught in the training script is told to the orchestrator (type, message,
+traceback, step) and to torchrun's own error file, so both name the cause, before the process dies."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from typing import Callable
+
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+from trainflow.runtime.reporter import StatusReporter
+
+
+def report_uncaught_errors(reporter: StatusReporter, flush: Callable[[], None], step: Callable[[], int]) -> None:
+    """`flush` sends the steps not reported yet; `step` says the step the error happened at."""
+    previous = sys.excepthook
+
+    def report(kind, value, tb):
+        ErrorHandler().record_exception(value)  # TORCHELASTIC_ERROR_FILE: torchrun's failure report
+        flush()
+        reporter.send(
+            "error",
+            type=kind.__name__,
+            message=str(value)[:2000],
+            traceback="".join(traceback.format_exception(kind, value, tb))[-8000:],
+            step=step(),
+        )
+        reporter.close(timeout=2.0)
+        previous(kind, value, tb)
+
+    sys.excepthook = report

@@ -1,0 +1,21 @@
+"""Drills only: a rank stands still after a step until the drill's fault is in, so the fault lands
+at that step however fast the steps are. Heartbeats go on meanwhile; after FAULT_GATE_LIMIT_S the
+rank goes on."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from trainflow.worker_config import gate_arrival_path
+
+FAULT_GATE_LIMIT_S = 120.0
+
+
+def wait_for_fault(gate: Path, rank: int, step: int) -> None:
+    # the drill injects only once every rank is here: a rank reports a checkpoint step before
+    # that step's save waits for the previous one, so a reported step alone says nothing of it
+    gate_arrival_path(gate, rank).write_text(str(step))
+    deadline = time.monotonic() + FAULT_GATE_LIMIT_S
+    while not gate.exists() and time.monotonic() < deadline:
+        time.sleep(0.005)

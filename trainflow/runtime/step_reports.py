@@ -1,0 +1,45 @@
+"""The steps a rank reports to the orchestrator, in batches: one message per step would cost
+tiny steps dearly. Every rank reports each step (its time, its compute time) so the orchestrator
+sees who is behind; rank 0 adds the step's metrics, the other ranks only their loss, so the
+orchestrator's loss is the mean over the ranks at little cost to the status channel.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from trainflow.runtime.reporter import StatusReporter
+
+PROGRESS_BATCH_S = 0.02  # steps are reported in batches at most this old
+
+
+class StepReports:
+    def __init__(self, reporter: StatusReporter, is_main: bool):
+        self._reporter = reporter
+        self._is_main = is_main
+        self._batch: list[dict[str, Any]] = []
+
+    def add(
+        self, step: int, elapsed: float, comm_wait: float, data_wait: float, metrics: dict[str, float],
+        samples_per_step: int | None,
+    ) -> None:
+        """One finished step, with what the script logged for it."""
+        entry: dict[str, Any] = {
+            "step": step, "t": time.time(), "step_time_s": elapsed, "compute_s": max(0.0, elapsed - comm_wait)
+        }
+        if self._is_main:
+            figures = dict(metrics, step_time_s=elapsed, comm_wait_s=comm_wait, data_wait_s=data_wait)
+            if samples_per_step:
+                figures["samples_per_s"] = samples_per_step / elapsed
+            entry["metrics"] = figures
+        elif "loss" in metrics:
+            entry["loss"] = metrics["loss"]
+        self._batch.append(entry)
+        if entry["t"] - self._batch[0]["t"] >= PROGRESS_BATCH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._batch:
+            self._reporter.send("progress", steps=self._batch)
+            self._batch = []
