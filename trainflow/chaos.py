@@ -114,7 +114,7 @@ def wait_for_step(channel: StatusServer, handle: AttemptHandle, world_size: int,
 
 
 def wait_at_gate(gate: Path, handle: AttemptHandle, world_size: int, timeout_s: float) -> bool:
-    """True once every rank stands at the fault gate (see runtime: `_wait_for_fault`); False if
+    """True once every rank stands at the fault gate (see `trainflow.runtime.fault_gate.wait_for_fault`); False if
     the attempt ended or time ran out first."""
     arrivals = [gate_arrival_path(gate, rank) for rank in range(world_size)]
     deadline = time.monotonic() + timeout_s
@@ -149,7 +149,7 @@ def inject(plan: FaultPlan, launcher: Launcher, handle: AttemptHandle, channel: 
 
 
 def open_gate(allocation: Allocation, handle: AttemptHandle) -> None:
-    """Let the ranks waiting at the fault's step go on (see runtime: `_wait_for_fault`)."""
+    """Let the ranks waiting at the fault's step go on (see `trainflow.runtime.fault_gate.wait_for_fault`)."""
     gate = fault_gate_path(allocation.scratch, handle.attempt)
     if gate.parent.exists():
         gate.touch()

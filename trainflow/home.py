@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from trainflow.checkpoint.location import is_s3
+
 
 def trainflow_home() -> Path:
     """`TRAINFLOW_HOME`, or `.trainflow/` in the current directory when it is unset."""
@@ -26,7 +28,7 @@ def runs_root() -> Path:
 
 def resolve_checkpoint_uri(uri: str) -> str:
     """s3:// URIs stay as they are; relative local paths live under the home folder."""
-    if uri.startswith("s3://"):
+    if is_s3(uri):
         return uri
     if uri.startswith("file://"):
         uri = uri.removeprefix("file://")

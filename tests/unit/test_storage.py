@@ -171,3 +171,13 @@ def test_a_folder_turned_read_only_is_a_storage_error_for_every_write(small_tmpf
                   lambda: store.abort_incomplete([Incomplete("run/step-00000010/manifest.json")])):
         with pytest.raises(StorageError, match="Read-only file system"):
             write()
+
+
+def test_an_s3_uri_is_parsed_once_into_bucket_and_prefix():
+    from trainflow.checkpoint.location import S3Location, is_s3
+
+    location = S3Location.parse("s3://ckpt-bucket/team/runs/")
+    assert (location.bucket, location.prefix) == ("ckpt-bucket", "team/runs")
+    assert location.key("run-1", "/step-10/") == "team/runs/run-1/step-10"
+    assert S3Location.parse("s3://ckpt-bucket").key("a") == "a" and location.uri == "s3://ckpt-bucket/team/runs"
+    assert is_s3("s3://b/p") and not is_s3("/tmp/ckpt") and not is_s3("file:///tmp/ckpt")

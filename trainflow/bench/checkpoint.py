@@ -45,6 +45,7 @@ from pathlib import Path
 
 from trainflow.bench.checkpoint_report import MB, render
 from trainflow.bench.s3_endpoint import SERVER_NICENESS, BenchError, s3_store
+from trainflow.checkpoint.location import S3Location
 
 __all__ = ["SERVER_NICENESS", "BenchError", "Options", "render", "run_benchmark"]
 
@@ -135,8 +136,8 @@ def _measure(options: Options, uri: str, endpoint: str, work: Path, log) -> dict
 
     log("saves: synchronous and asynchronous, with plain boto3 on the same bytes in between")
     client = boto3.client("s3")  # boto3's defaults: the yardstick
-    bucket, _, key_root = uri.removeprefix("s3://").partition("/")
-    raw_key = f"{key_root.strip('/')}/{run_id}/raw-boto3".lstrip("/")
+    location = S3Location.parse(uri)
+    bucket, raw_key = location.bucket, location.key(run_id, "raw-boto3")
     blob = work / "raw.bin"
     sync_stalls, async_stalls, writes, uploads, background_uploads, raw_ups = [], [], [], [], [], []
     for _ in range(options.repeats):

@@ -12,6 +12,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from trainflow.checkpoint.location import is_s3
 from trainflow.servers import ServerError, stop_server, wait_http
 
 BUCKET = "trainflow-bench"
@@ -31,7 +32,7 @@ def s3_store(uri: str | None, log):
         with _moto_server(log) as own:
             yield f"s3://{BUCKET}/checkpoints", f"{own} (moto_server started by the benchmark)"
         return
-    if uri is not None and not uri.startswith("s3://"):
+    if uri is not None and not is_s3(uri):
         raise BenchError(f"--uri {uri!r}: the benchmark needs an s3://bucket/prefix URI")
     uri = (uri or f"s3://{BUCKET}/checkpoints").rstrip("/")
     from trainflow.checkpoint.s3 import S3Storage

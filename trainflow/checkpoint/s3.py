@@ -21,6 +21,7 @@ from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from trainflow.checkpoint.location import S3Location
 from trainflow.checkpoint.storage import AlreadyExists, Incomplete, StorageError
 
 MB = 1 << 20
@@ -53,10 +54,10 @@ DOWNLOAD = TransferConfig(
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
-    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
-    if len(bucket) < 3:
+    location = S3Location.parse(uri)
+    if len(location.bucket) < 3:
         raise StorageError(f"{uri}: bucket name must have at least 3 characters")
-    return bucket, prefix.strip("/")
+    return location.bucket, location.prefix
 
 
 def _code(exc: Exception) -> str:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from trainflow.checkpoint.location import is_s3
+
 PARTIAL = ".partial-"  # suffix of a file still being written
 
 
@@ -182,7 +184,7 @@ class LocalStorage:
 
 
 def open_storage(uri: str) -> Storage:
-    if uri.startswith("s3://"):
+    if is_s3(uri):
         from trainflow.checkpoint.s3 import S3Storage  # boto3 only where S3 is used
 
         return S3Storage(uri)

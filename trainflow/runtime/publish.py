@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, replace
 
 from trainflow.checkpoint.catalog import checkpoint_prefix
+from trainflow.checkpoint.location import is_s3
 from trainflow.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest
 from trainflow.checkpoint.policy import SnapshotPolicy
 from trainflow.checkpoint.storage import StorageError
@@ -38,7 +39,7 @@ class Publisher:
         self._stall_backlog = 0.0  # rank 0: training time spent on saves not yet reported in an event
         # uploads to S3 run in a helper process: its threads never take the GIL from training
         storage = ctx.storage
-        self._uploader = TransferAgent(storage.uri) if storage.uri.startswith("s3://") else storage
+        self._uploader = TransferAgent(storage.uri) if is_s3(storage.uri) else storage
 
     def close(self) -> None:
         if isinstance(self._uploader, TransferAgent):

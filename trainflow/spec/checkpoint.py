@@ -7,6 +7,7 @@ from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
+from trainflow.checkpoint.location import S3Location, is_s3
 from trainflow.section import Section
 
 _URI_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):/")
@@ -18,8 +19,8 @@ def checkpoint_uri_problem(uri: str) -> str | None:
     supported = "use a local path, file:///absolute/path or s3://bucket/prefix"
     if uri.lower().startswith("s3:") and not uri.startswith("s3://"):
         return f"{uri!r} is not an S3 URI: write s3://bucket/prefix (lowercase s3, two slashes)"
-    if uri.startswith("s3://"):
-        bucket = uri.removeprefix("s3://").split("/", 1)[0]
+    if is_s3(uri):
+        bucket = S3Location.parse(uri).bucket
         if not _S3_BUCKET.match(bucket):
             return f"{uri!r}: {bucket!r} is not an S3 bucket name (3-63 lowercase letters, digits, dots, dashes)"
         return None
@@ -82,4 +83,4 @@ class Checkpoint(Section):
 
     @property
     def is_s3(self) -> bool:
-        return self.uri.startswith("s3://")
+        return is_s3(self.uri)

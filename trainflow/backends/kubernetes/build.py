@@ -10,6 +10,7 @@ from pathlib import Path
 from trainflow.backends.kubernetes.classify import classify_pod
 from trainflow.backends.kubernetes.cluster import Cluster, ClusterError
 from trainflow.backends.kubernetes.config import kubernetes_config
+from trainflow.checkpoint.location import S3Location
 from trainflow.backends.kubernetes.image import (
     ImageError,
     ImageRef,
@@ -47,8 +48,8 @@ def _s3():
 
 
 def _split(uri: str) -> tuple[str, str]:
-    bucket, _, key = uri.removeprefix("s3://").partition("/")
-    return bucket, key
+    location = S3Location.parse(uri)
+    return location.bucket, location.prefix
 
 
 def build_in_cluster(

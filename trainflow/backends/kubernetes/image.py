@@ -21,6 +21,7 @@ from pathlib import Path
 
 from trainflow.backends.kubernetes.config import kubernetes_config
 from trainflow.backends.kubernetes.names import IMAGE_BUILD, RunNames
+from trainflow.checkpoint.location import S3Location
 from trainflow.environment import git_state, PROJECT_ROOT
 from trainflow.spec import RunSpec
 
@@ -120,7 +121,7 @@ def context_tarball(root: Path, files: list[str]) -> bytes:
 
 def context_uri(spec: RunSpec, image: ImageRef) -> str:
     """Where the build context goes: the checkpoint bucket, outside any run's checkpoints."""
-    bucket = spec.checkpoint.uri.removeprefix("s3://").split("/", 1)[0]
+    bucket = S3Location.parse(spec.checkpoint.uri).bucket
     return f"s3://{bucket}/{BUILD_PREFIX}/{image.tag}.tar.gz"
 
 
