@@ -3,6 +3,8 @@ branch, and bring the failed node back (or leave it out) for the next attempt.""
 
 from __future__ import annotations
 
+import time
+
 from prefect import get_run_logger
 
 from tasks import lifecycle_task
@@ -22,6 +24,7 @@ def release_attempt(
     """Stop whatever is left of the attempt and record it as a nested MLflow run."""
     # by now the outcome is known and a preempted attempt has saved; what is left only needs ending
     stopped = provisioned.launcher.stop(handle, grace_s=STOP_GRACE_S)
+    result.stopped_at = time.time()  # the end of the next recovery's stop phase (contracts/recovery.py)
     tracker = provisioned.tracker
     child = tracker.start_run(
         record.experiment,
