@@ -145,7 +145,7 @@ def drills(env: dict) -> dict:
         reports[kind] = {k: report[k] for k in ("detected_kind", "detection_latency_s", "recovery_s", "lost_steps",
                                                 "resumed_from_step", "params_match_baseline", "resources_released",
                                                 "injected_at_step", "detected_at_step",
-                                                "goodput", "passed", "outcomes")}
+                                                "goodput", "passed", "outcomes", "recovery_phases")}
     return reports
 
 
@@ -232,6 +232,7 @@ def markdown(results: dict) -> str:
             f"| {kind} | {report['detected_kind']} | {report['detection_latency_s']} | {report['recovery_s']} | "
             f"{ratio} | {report['lost_steps']} | {report['params_match_baseline']} | {report['resources_released']} |"
         )
+    lines += recovery_table(results)
     lines += ["", "## Checkpoints", ""]
     if "error" in ck:
         lines.append(f"not measured: {ck['error'][:300]}")
@@ -249,6 +250,29 @@ def markdown(results: dict) -> str:
     return "\n".join(lines + [""])
 
 
+def recovery_table(results: dict) -> list[str]:
+    """Per fault kind: trainflow's recovery beside torchrun's own restart of the same run, and where
+    the recovery went (contracts/recovery.py)."""
+    restart = results["torchrun_restart_s"]
+    lines = ["", "## Recovery against torchrun's own restart (detection to the first new step, state restored)", "",
+             f"torchrun's stateless worker restart in the same run: {restart:.2f} s. Phases in seconds, each to the "
+             "slowest rank's point: stop (the failed attempt ended), between attempts (release, classify, record, "
+             "back-off, launch task), launch (to the workers' interpreter start), imports (to "
+             "`trainflow.runtime.init()`), rendezvous (process group joined), restore, first step.", "",
+             "| fault | recovery (s) | torchrun restart (s) | ratio | stop | between | launch | imports | rendezvous "
+             "| restore | first step |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for kind, report in results["drills"].items():
+        phases = report.get("recovery_phases")
+        if "error" in report or report.get("recovery_s") is None or not phases:
+            continue
+        cells = " | ".join("–" if phases.get(name) is None else f"{phases[name]:.2f}" for name in RECOVERY_PHASES)
+        lines.append(f"| {kind} | {report['recovery_s']:.2f} | {restart:.2f} | {report['recovery_s'] / restart:.1f}x "
+                     f"| {cells} |")
+    return lines
+
+
+RECOVERY_PHASES = ("stop", "between_attempts", "launch", "imports", "rendezvous", "restore", "first_step")
 FIRST_PARTS = ("orchestration", "drills", "checkpoint", "three_faults")
 PARTS = (*FIRST_PARTS, "soak", "fsdp_tp")
 
