@@ -30,6 +30,7 @@ import fsdp_tp_tax  # bench/, beside this script
 import soak_bench
 from bench_common import BIN, ROOT, last_json, steps_per_s
 from trainflow.bench.checkpoint import SERVER_NICENESS
+from trainflow.contracts.recovery import PHASES as RECOVERY_PHASES
 
 SPEC = "examples/digits/spec.yaml"
 STEPS = 2000
@@ -272,7 +273,6 @@ def recovery_table(results: dict) -> list[str]:
     return lines
 
 
-RECOVERY_PHASES = ("stop", "between_attempts", "launch", "imports", "rendezvous", "restore", "first_step")
 FIRST_PARTS = ("orchestration", "drills", "checkpoint", "three_faults")
 PARTS = (*FIRST_PARTS, "soak", "fsdp_tp")
 
