@@ -218,7 +218,8 @@ def markdown(results: dict) -> str:
         "(the background writes compete with training for this machine's 2 cores; see Checkpoints). "
         f"torchrun's own worker restart, restoring nothing: {results['torchrun_restart_s']:.2f} s.",
         "",
-        "## Drills (80 steps, checkpoint every 10, fault at step 30; the straggler: 600 steps, checkpoint every 100)",
+        "## Drills (80 steps, checkpoint every 10, fault at step 30; the straggler: 600 steps, checkpoint every 100)"
+        + (f"; measured {results['drills_run']['measured_at']}, see Recovery" if "drills_run" in results else ""),
         "",
         "| fault | detected as | detection (s) | recovery (s) | recovery / torchrun | lost steps | exact resume | released |",
         "|---|---|---|---|---|---|---|---|",
@@ -254,9 +255,12 @@ def markdown(results: dict) -> str:
 def recovery_table(results: dict) -> list[str]:
     """Per fault kind: trainflow's recovery beside torchrun's own restart of the same run, and where
     the recovery went (contracts/recovery.py)."""
-    restart = results["torchrun_restart_s"]
+    restart, run = results["torchrun_restart_s"], results.get("drills_run")
+    when = (f"Measured {run['measured_at']} with the drills above, under a 1-minute load average of "
+            f"{run['load_before']:.1f} before and {run['load_after']:.1f} after (other processes sharing this "
+            "machine's cores; figures under load are slower than on a quiet machine). ") if run else ""
     lines = ["", "## Recovery against torchrun's own restart (detection to the first new step, state restored)", "",
-             f"torchrun's stateless worker restart in the same run: {restart:.2f} s. Phases in seconds, each to the "
+             f"{when}torchrun's stateless worker restart in the same run: {restart:.2f} s. Phases in seconds, each to the "
              "slowest rank's point: stop (the failed attempt ended), between attempts (release, classify, record, "
              "back-off, launch task), launch (to the workers' interpreter start), imports (to "
              "`trainflow.runtime.init()`), rendezvous (process group joined), restore, first step.", "",
@@ -351,12 +355,16 @@ def main(parts: list[str]) -> None:
             }
             for part in parts:
                 earlier = results.get(part)
+                load_before = os.getloadavg()[0]
                 results[part] = measure[part]()
                 if part == "fsdp_tp":  # a ratio on a shared machine drifts: earlier runs stay on record
                     results[part]["earlier"] = fsdp_tp_tax.earlier_runs(earlier)
                 if part in ("orchestration", "drills"):  # the yardstick both compare recovery with
                     results["torchrun_restart_s"] = statistics.median(measure_torchrun_restart() for _ in range(3))
-                if part in FIRST_PARTS:
+                if part == "drills":  # the recovery table says when, and how busy the machine was
+                    results["drills_run"] = {"measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                             "load_before": load_before, "load_after": os.getloadavg()[0]}
+                if set(FIRST_PARTS) <= set(parts):  # "in one run" only when they were
                     results["measured_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
                 write(results)  # each part as soon as it is measured: a later one failing keeps it
         finally:
