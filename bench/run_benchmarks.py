@@ -228,7 +228,7 @@ def markdown(results: dict) -> str:
         if "error" in report:
             lines.append(f"| {kind} | error: {report['error'][:80]} | | | | | | |")
             continue
-        ratio = (f"{report['recovery_s'] / results['torchrun_restart_s']:.1f}x"
+        ratio = (f"{report['recovery_s'] / drills_restart_s(results):.1f}x"
                  if report["recovery_s"] is not None else "–")
         lines.append(
             f"| {kind} | {report['detected_kind']} | {report['detection_latency_s']} | {report['recovery_s']} | "
@@ -252,10 +252,21 @@ def markdown(results: dict) -> str:
     return "\n".join(lines + [""])
 
 
+def drills_restart_s(results: dict) -> float:
+    """torchrun's restart measured with the drills; an older results file has only the orchestration's."""
+    return results.get("drills_run", {}).get("torchrun_restart_s", results["torchrun_restart_s"])
+
+
+def failed_drills(drills: dict) -> list[str]:
+    failed = [kind for kind, report in drills.items() if not report.get("passed")]
+    return [f"Drills that did not pass in this run: {', '.join(failed)} (their figures are in the table above).",
+            ""] if failed else []
+
+
 def recovery_table(results: dict) -> list[str]:
     """Per fault kind: trainflow's recovery beside torchrun's own restart of the same run, and where
     the recovery went (contracts/recovery.py)."""
-    restart, run = results["torchrun_restart_s"], results.get("drills_run")
+    restart, run = drills_restart_s(results), results.get("drills_run")
     when = (f"Measured {run['measured_at']} with the drills above, under a 1-minute load average of "
             f"{run['load_before']:.1f} before and {run['load_after']:.1f} after (other processes sharing this "
             "machine's cores; figures under load are slower than on a quiet machine). ") if run else ""
@@ -264,6 +275,7 @@ def recovery_table(results: dict) -> list[str]:
              "slowest rank's point: stop (the failed attempt ended), between attempts (release, classify, record, "
              "back-off, launch task), launch (to the workers' interpreter start), imports (to "
              "`trainflow.runtime.init()`), rendezvous (process group joined), restore, first step.", "",
+             *failed_drills(results["drills"]),
              "| fault | recovery (s) | torchrun restart (s) | ratio | stop | between | launch | imports | rendezvous "
              "| restore | first step |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -360,10 +372,13 @@ def main(parts: list[str]) -> None:
                 if part == "fsdp_tp":  # a ratio on a shared machine drifts: earlier runs stay on record
                     results[part]["earlier"] = fsdp_tp_tax.earlier_runs(earlier)
                 if part in ("orchestration", "drills"):  # the yardstick both compare recovery with
-                    results["torchrun_restart_s"] = statistics.median(measure_torchrun_restart() for _ in range(3))
-                if part == "drills":  # the recovery table says when, and how busy the machine was
+                    restart = statistics.median(measure_torchrun_restart() for _ in range(3))
+                if part == "orchestration":
+                    results["torchrun_restart_s"] = restart
+                if part == "drills":  # with its own yardstick; the table says when, and how busy the machine was
                     results["drills_run"] = {"measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                             "load_before": load_before, "load_after": os.getloadavg()[0]}
+                                             "load_before": load_before, "load_after": os.getloadavg()[0],
+                                             "torchrun_restart_s": restart}
                 if set(FIRST_PARTS) <= set(parts):  # "in one run" only when they were
                     results["measured_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
                 write(results)  # each part as soon as it is measured: a later one failing keeps it
