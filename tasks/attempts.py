@@ -11,10 +11,15 @@ from tasks import lifecycle_task
 from tasks.records import Provisioned, RunRecord
 from trainflow.backends import AttemptHandle
 from trainflow.backends.abilities import ReplacesNodes
-from trainflow.failures import AttemptResult, Decision, decide
+from trainflow.failures import AttemptResult, Decision, Outcome, decide
 from trainflow.spec import RunSpec
 
 STOP_GRACE_S = 3.0
+# processes blocked in a collective, or cut off with a lost node, cannot act on SIGTERM: a long grace
+# for them only delays the next attempt (what they wrote without a manifest is never loaded). Not 0:
+# that would be a force deletion on Kubernetes, which leaves containers running on their node.
+UNRESPONSIVE = frozenset({Outcome.HUNG, Outcome.NODE_LOST})
+UNRESPONSIVE_GRACE_S = 0.5
 
 
 @lifecycle_task(name="release-attempt", task_run_name="release-attempt-{handle.attempt}")
@@ -23,7 +28,7 @@ def release_attempt(
 ) -> int:
     """Stop whatever is left of the attempt and record it as a nested MLflow run."""
     # by now the outcome is known and a preempted attempt has saved; what is left only needs ending
-    stopped = provisioned.launcher.stop(handle, grace_s=STOP_GRACE_S)
+    stopped = provisioned.launcher.stop(handle, grace_s=grace_for(result.outcome))
     result.stopped_at = time.time()  # the end of the next recovery's stop phase (contracts/recovery.py)
     tracker = provisioned.tracker
     child = tracker.start_run(
@@ -68,6 +73,11 @@ def release_attempt(
     get_run_logger().info("attempt %d released (%d process(es) stopped); its logs: MLflow run %s, artifacts logs/",
                           result.attempt, stopped, child)
     return stopped
+
+
+def grace_for(outcome: Outcome) -> float:
+    """How long an attempt's processes get between SIGTERM and SIGKILL when it is released."""
+    return UNRESPONSIVE_GRACE_S if outcome in UNRESPONSIVE else STOP_GRACE_S
 
 
 def attempt_degrees(spec: RunSpec, world_size: int) -> dict[str, int]:
