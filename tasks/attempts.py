@@ -3,16 +3,23 @@ branch, and bring the failed node back (or leave it out) for the next attempt.""
 
 from __future__ import annotations
 
+import time
+
 from prefect import get_run_logger
 from prefect.runtime import task_run
 
 from tasks import lifecycle_task
 from tasks.records import Launched
 from trainflow.backends.abilities import ReplacesNodes
-from trainflow.failures import AttemptResult, Decision, decide
+from trainflow.failures import AttemptResult, Decision, Outcome, decide
 from trainflow.spec import RunSpec
 
 STOP_GRACE_S = 3.0
+# processes blocked in a collective, or cut off with a lost node, cannot act on SIGTERM: a long grace
+# for them only delays the next attempt (what they wrote without a manifest is never loaded). Not 0:
+# that would be a force deletion on Kubernetes, which leaves containers running on their node.
+UNRESPONSIVE = frozenset({Outcome.HUNG, Outcome.NODE_LOST})
+UNRESPONSIVE_GRACE_S = 0.5
 
 
 @lifecycle_task(name="release-attempt", task_run_name="release-attempt-{launched.handle.attempt}")
@@ -21,7 +28,8 @@ def release_attempt(launched: Launched, result: AttemptResult) -> AttemptResult:
     attempt's, for the tasks that decide what comes next."""
     spec, record, provisioned, handle = launched.spec, launched.record, launched.provisioned, launched.handle
     # by now the outcome is known and a preempted attempt has saved; what is left only needs ending
-    stopped = provisioned.launcher.stop(handle, grace_s=STOP_GRACE_S)
+    stopped = provisioned.launcher.stop(handle, grace_s=grace_for(result.outcome))
+    result.stopped_at = time.time()  # the end of the next recovery's stop phase (contracts/recovery.py)
     tracker = provisioned.tracker
     child = tracker.start_run(
         record.experiment,
@@ -65,6 +73,11 @@ def release_attempt(launched: Launched, result: AttemptResult) -> AttemptResult:
     get_run_logger().info("attempt %d released (%d process(es) stopped); its logs: MLflow run %s, artifacts logs/",
                           result.attempt, stopped, child)
     return result
+
+
+def grace_for(outcome: Outcome) -> float:
+    """How long an attempt's processes get between SIGTERM and SIGKILL when it is released."""
+    return UNRESPONSIVE_GRACE_S if outcome in UNRESPONSIVE else STOP_GRACE_S
 
 
 def attempt_degrees(spec: RunSpec, world_size: int) -> dict[str, int]:

@@ -82,6 +82,8 @@ def finalize(
     for row in ledger.attempts:
         rows = [(key, getattr(row, key), row.attempt, row.ended_at) for key in ("recovery_s", "lost_steps")
                 if getattr(row, key) is not None]
+        if row.recovery_phases is not None:  # the same split the summary and the drill report show
+            rows += [(key, value, row.attempt, row.ended_at) for key, value in row.recovery_phases.as_metrics().items()]
         if str(row.attempt) in children and rows:
             tracker.log_metrics(children[str(row.attempt)], rows)
     tracker.log_text(run, "\n".join(f"- {finding}" for finding in summary.diagnosis) or "- nothing to report",

@@ -113,6 +113,7 @@ def drill_report(plan: FaultPlan, summary: dict, baseline: dict, torchrun_restar
         "detection_latency_s": latency,
         "detected_at_step": detected_at_step,
         "recovery_s": recovery,
+        "recovery_phases": retry.get("recovery_phases") if retry else None,
         "torchrun_restart_s": None if torchrun_restart_s is None else round(torchrun_restart_s, 3),
         "recovery_vs_torchrun": (
             round(recovery / torchrun_restart_s, 2) if recovery is not None and torchrun_restart_s else None
@@ -140,6 +141,13 @@ def drill_report(plan: FaultPlan, summary: dict, baseline: dict, torchrun_restar
     report["broken_rules"] = broken_rules(plan, report, every_steps)
     report["passed"] = not report["broken_rules"]
     return report
+
+
+def phases_line(phases: dict | None) -> str:
+    """A recovery's split into phases (contracts/recovery.py), as the drill prints it."""
+    if not phases:
+        return "no phase split recorded"
+    return ", ".join(f"{name.replace('_', ' ')} {value:.2f}" for name, value in phases.items() if value is not None) + " s"
 
 
 def newest_before_fault(plan: FaultPlan, report: dict, summary: dict, fault: dict, every_steps: int) -> int | None:
@@ -233,7 +241,7 @@ def baseline_failed_report(plan: FaultPlan, summary: dict) -> dict:
     return {
         "fault": plan.kind.value, "injected": False, "target": None, "at_step": plan.at_step,
         "status": "baseline-failed", "reason": summary.get("reason"), "outcomes": [],
-        "detected_kind": None, "detection_latency_s": None, "recovery_s": None, "torchrun_restart_s": None,
+        "detected_kind": None, "detection_latency_s": None, "recovery_s": None, "recovery_phases": None, "torchrun_restart_s": None,
         "lost_steps": None, "resumed_from_step": None, "goodput": None, "params_match_baseline": False,
         "resources_released": bool(summary.get("teardown", {}).get("clean")),
         "baseline_mlflow_run_id": summary.get("mlflow_run_id"),

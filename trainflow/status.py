@@ -21,8 +21,9 @@ import socketserver
 import threading
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from trainflow.contracts import WorkerMilestones
 from trainflow.rank_steps import StepReport, mean_over_ranks
 from trainflow.status_limits import ChannelLimits, LineReader, LineTooLong, PendingConnections
 from trainflow.status_messages import HELLO, Identity, Malformed, identity_of, parse_line
@@ -55,6 +56,7 @@ class AttemptStatus:
     errors: list[dict] = field(default_factory=list)
     restored_step: int | None = None
     first_step_at: float | None = None
+    milestones: WorkerMilestones = field(default_factory=WorkerMilestones)  # the slowest rank's start-up
     preempted: dict | None = None
     diverged: dict | None = None
 
@@ -132,6 +134,7 @@ class StatusServer:
                 errors=list(current.errors),
                 restored_step=current.restored_step,
                 first_step_at=current.first_step_at,
+                milestones=replace(current.milestones),
                 preempted=current.preempted,
                 diverged=current.diverged,
             )
@@ -261,9 +264,12 @@ class StatusServer:
             elif kind == "started":
                 if current.world_size is None and message.get("world_size"):
                     current.world_size = message["world_size"]
+                for point in ("process_started_at", "imported_at", "rendezvous_at"):
+                    current.milestones.reached(point, message.get(point))
             elif kind == "restored":
                 current.restored_step = message["step"]
                 status.step = current.restored_step
+                current.milestones.reached("restored_at", message["t"])
             elif kind == "finished":
                 current.finished_ranks[rank] = message
             elif kind == "error":

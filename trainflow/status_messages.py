@@ -12,6 +12,7 @@ INTEGER_FIELDS = frozenset({"step", "world_size", "bytes", "files"})
 NUMBER_FIELDS = frozenset({
     "t", "step_time_s", "compute_s", "seconds", "loss", "requested_at",
     "stall_s", "stage_s", "save_s", "upload_s", "commit_s",
+    "process_started_at", "imported_at", "rendezvous_at",
 })
 TEXT_FIELDS = frozenset({"kind", "prefix", "params_sha256", "type", "message", "traceback", "status", "reason", "tier"})
 REQUIRED = {

@@ -7,6 +7,7 @@ import os
 import platform
 import shutil
 import subprocess
+from pathlib import Path
 
 import psutil
 
@@ -28,6 +29,9 @@ def describe_topology() -> str:
         f"cpu: {cpu_model()}; {psutil.cpu_count(logical=False)} cores, {os.cpu_count()} threads",
         f"memory: {psutil.virtual_memory().total / 2**30:.1f} GiB",
     ]
+    if not _gpu_devices_present():
+        lines.append("gpu: none")  # without importing torch, seconds on the path to the first step
+        return _with_interconnect(lines)
     try:
         import torch
 
@@ -39,6 +43,15 @@ def describe_topology() -> str:
             lines.append("gpu: none")
     except ImportError:
         pass
+    return _with_interconnect(lines)
+
+
+def _gpu_devices_present() -> bool:
+    """Whether this host has the device nodes a CUDA or ROCm GPU needs; torch can see none without them."""
+    return any(Path("/dev").glob("nvidia[0-9]*")) or Path("/dev/kfd").exists()
+
+
+def _with_interconnect(lines: list[str]) -> str:
     if shutil.which("nvidia-smi"):
         try:
             matrix = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=20)

@@ -250,6 +250,7 @@ class AttemptWatcher:
             # what the workers actually loaded (a newer node-local copy may beat the durable one)
             resumed_from_step=status.restored_step if status.restored_step is not None else self.resumed_from_step,
             first_step_at=status.first_step_at,
+            milestones=status.milestones,
             finished=status.finished,
             totals=dict(self.totals),
             evidence=evidence,

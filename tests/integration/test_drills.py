@@ -51,6 +51,9 @@ def test_process_faults_are_detected_recovered_and_resumed_exactly(drill_env, fa
     assert report["resources_released"] is True
     assert report["passed"] is True
     assert report["recovery_s"] is not None
+    phases = report["recovery_phases"]  # from timestamps the attempts recorded, every point present
+    assert all(value is not None for value in phases.values()), phases
+    assert abs(sum(phases.values()) - report["recovery_s"]) < 0.01
     if fault == "preempt":
         assert report["lost_steps"] == 0
     else:

@@ -160,3 +160,15 @@ def test_snapshot_is_a_copy(server, reporter):
 def test_min_and_max_step():
     status = AttemptStatus(attempt=1)
     assert (status.min_step(), status.max_step()) == (0, 0)
+
+
+def test_the_attempt_keeps_the_slowest_ranks_start_up_points(server, reporter):
+    server.begin_attempt(1, world_size=2)
+    first, second = reporter(rank=0), reporter(rank=1)
+    first.send("started", world_size=2, process_started_at=10.0, imported_at=12.0, rendezvous_at=13.0)
+    second.send("started", world_size=2, process_started_at=10.5, imported_at=11.5, rendezvous_at=13.2)
+    first.send("restored", step=20)
+    snapshot = wait_for(server, lambda s: s.milestones.rendezvous_at == 13.2 and s.milestones.restored_at is not None)
+    marks = snapshot.milestones
+    assert (marks.process_started_at, marks.imported_at, marks.rendezvous_at) == (10.5, 12.0, 13.2)
+    assert marks.restored_at <= time.time()  # when rank 0 said it had restored

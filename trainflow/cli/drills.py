@@ -123,6 +123,8 @@ def soak(
 
 
 def print_drill(report: dict) -> None:
+    from trainflow.drill import phases_line
+
     echo = typer.echo
     echo()
     echo(f"drill {report['fault']}: {'PASSED' if report['passed'] else 'FAILED'} ({report['target']})")
@@ -130,6 +132,7 @@ def print_drill(report: dict) -> None:
         echo(f"  broken: {rule}")
     echo(f"  detected as {report['detected_kind']} after {report['detection_latency_s']} s; "
          f"recovered in {report['recovery_s']} s (torchrun alone: {report['torchrun_restart_s']} s)")
+    echo(f"  recovery phases: {phases_line(report.get('recovery_phases'))}")
     echo(f"  attempts {report['outcomes']}, resumed from step {report['resumed_from_step']}, "
          f"lost {report['lost_steps']} step(s), goodput {report['goodput']}")
     echo(f"  params match the baseline: {report['params_match_baseline']}; "

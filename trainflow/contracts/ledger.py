@@ -25,6 +25,7 @@ from pydantic import BaseModel
 
 from trainflow.contracts.attempt import AttemptResult
 from trainflow.contracts.outcome import Outcome
+from trainflow.contracts.recovery import RecoveryPhases, recovery_phases
 
 
 class AttemptFigures(BaseModel):
@@ -41,6 +42,7 @@ class AttemptFigures(BaseModel):
     detected_at: float | None  # None for a success
     detection_latency_s: float | None
     recovery_s: float | None  # from the previous attempt's detection to this one's first step
+    recovery_phases: RecoveryPhases | None = None  # where that time went (contracts/recovery.py)
     lost_steps: int  # steps of this attempt the next one redid
     steps_run: int  # steps rank 0 ran (and reported) in this attempt
     step_time_s: float  # their summed step time
@@ -107,9 +109,10 @@ def attempt_figures(results: list[AttemptResult]) -> list[AttemptFigures]:
     for index, result in enumerate(results):
         following = results[index + 1] if index + 1 < len(results) else None
         previous = results[index - 1] if index > 0 else None
-        recovery = None
+        recovery = phases = None
         if previous is not None and result.first_step_at is not None:
             recovery = round(max(0.0, result.first_step_at - previous.detected_at), 3)
+            phases = recovery_phases(previous, result)
         latency = result.detection_latency_s
         rows.append(
             AttemptFigures(
@@ -124,6 +127,7 @@ def attempt_figures(results: list[AttemptResult]) -> list[AttemptFigures]:
                 detected_at=None if result.outcome == Outcome.SUCCEEDED else result.detected_at,
                 detection_latency_s=None if latency is None else round(latency, 3),
                 recovery_s=recovery,
+                recovery_phases=phases,
                 lost_steps=max(0, result.last_step - following.resumed_from_step) if following else 0,
                 steps_run=int(result.totals.get("steps", 0)),
                 step_time_s=round(float(result.totals.get("step_time_s", 0.0)), 6),

@@ -46,6 +46,7 @@ from trainflow.runtime.ddp_buckets import fix_bucket_layout
 from trainflow.runtime.error_report import report_uncaught_errors
 from trainflow.runtime.fault_gate import wait_for_fault
 from trainflow.runtime.layout import ParallelLayout
+from trainflow.runtime.process_clock import process_started_at
 from trainflow.runtime.resources import ResourceSampler
 from trainflow.runtime.reporter import StatusReporter
 from trainflow.runtime.sharding import layout_warnings, replicated_dims
@@ -60,6 +61,7 @@ class Run:
     """One worker's view of the job; created by `init()`."""
 
     def __init__(self, config: WorkerConfig):
+        imported_at = time.time()  # the script's imports are done: the recovery phases' points
         self.config = config
         self.rank = int(os.environ["RANK"])
         self.world_size = int(os.environ["WORLD_SIZE"])
@@ -88,6 +90,7 @@ class Run:
             timeout=timedelta(seconds=config.collective_timeout_s),
             device_id=self.device if self.device.type == "cuda" else None,
         )
+        rendezvous_at = time.time()
         seed_everything(config.seed + self.rank)
         self._control = ControlPlane(self.rank, self.world_size, config.divergence_check_every_steps)
         self._comm = CommTimer()
@@ -104,7 +107,8 @@ class Run:
         self._data_wait = 0.0
         if self.local_rank == 0:  # one sampler per node
             self._resources = ResourceSampler(lambda figures: self.reporter.send("resources", figures=figures))
-        self.reporter.send("started", world_size=self.world_size)
+        self.reporter.send("started", world_size=self.world_size, process_started_at=process_started_at(),
+                           imported_at=imported_at, rendezvous_at=rendezvous_at)
 
     @property
     def is_main(self) -> bool:

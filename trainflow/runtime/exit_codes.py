@@ -1,5 +1,5 @@
-"""Exit codes a worker uses to say why it stopped; the orchestrator and pod failure policies read them."""
+"""The worker's exit codes, under the runtime's own name (defined in trainflow/exit_codes.py)."""
 
-ORCHESTRATOR_LOST = 75  # the status channel was unreachable for orchestrator_timeout_s
-PREEMPTED = 83  # SIGTERM: the emergency checkpoint is committed, nothing to lose
-DIVERGED = 84  # data-parallel replicas disagreed on their parameters
+from trainflow.exit_codes import DIVERGED, ORCHESTRATOR_LOST, PREEMPTED
+
+__all__ = ["DIVERGED", "ORCHESTRATOR_LOST", "PREEMPTED"]

@@ -15,9 +15,9 @@ import re
 import signal
 from dataclasses import dataclass
 
+from trainflow import exit_codes
 from trainflow.backends.base import NodeExit
 from trainflow.contracts import Outcome
-from trainflow.runtime import exit_codes
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 REPLICA_TYPE = "training.kubeflow.org/replica-type"
