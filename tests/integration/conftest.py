@@ -75,6 +75,14 @@ def s3_endpoint(tmp_path_factory) -> str:
     stop_server(proc)
 
 
+@pytest.fixture(scope="session")
+def finished_runs(tmp_path_factory, prefect_api, s3_endpoint):
+    """Finished real runs that several modules only read (tests/integration/finished_runs.py), made once."""
+    from tests.integration.finished_runs import make_finished_runs  # it imports this module's helpers
+
+    return make_finished_runs(tmp_path_factory.mktemp("finished-runs"), prefect_api, s3_endpoint)
+
+
 def s3_environment(endpoint: str) -> dict[str, str]:
     return {
         "AWS_ENDPOINT_URL_S3": endpoint,

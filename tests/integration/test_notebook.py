@@ -1,7 +1,7 @@
-"""The analysis notebook and the run pictures on real runs: a fault drill records a fault-free
-baseline and a run whose worker crashes once, in one MLflow store; finalize logs each run's
-pictures, the Prefect summary shows them, and the notebook, executed with a real kernel, lists and
-draws both runs."""
+"""The analysis notebook and the run pictures on the session's finished runs (finished_runs.py): a
+run whose worker crashes once and its fault-free rerun, in one MLflow store; finalize logs each
+run's pictures, the Prefect summary shows them, and the notebook, executed with a real kernel,
+lists and draws both runs."""
 
 from __future__ import annotations
 
@@ -16,30 +16,23 @@ from mlflow.tracking import MlflowClient
 from nbclient import NotebookClient
 
 from tests.conftest import ROOT
-from tests.integration.conftest import run_cli, summary_of
+from tests.integration.finished_runs import EXPERIMENT, STEPS, FinishedRuns
 
 pytestmark = pytest.mark.integration
 
 NOTEBOOK = ROOT / "notebooks" / "analyze_runs.ipynb"
-DRILL = ["drill", "examples/digits/spec.yaml", "--fault", "crash", "--at-step", "15",
-         "--set", "workload.steps=30", "--set", "checkpoint.every_steps=5", "--json"]
 PICTURES = {"plots/timeline.png", "plots/goodput.png"}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="module")
-def drilled(tmp_path_factory, prefect_api) -> dict:
-    """A baseline run and a run with one injected worker crash, recorded in one home's MLflow store."""
-    import os
-
-    home = tmp_path_factory.mktemp("notebook-home")
-    env = {**os.environ, "TRAINFLOW_HOME": str(home), "PREFECT_API_URL": prefect_api}
-    result = run_cli(DRILL, env, timeout_s=300)
-    # 0: the drill passed, 1: it found a problem; either way both runs are recorded and finalized
-    assert result.returncode in (0, 1), result.stderr[-4000:]
-    report = summary_of(result)
-    assert report["injected"], report
-    return {"report": report, "tracking_uri": f"sqlite:///{home / 'mlflow.db'}", "api": prefect_api}
+@pytest.fixture
+def drilled(finished_runs: FinishedRuns) -> dict:
+    """The faulted run (a worker crash, resumed) and its fault-free rerun, as a fault drill reports them."""
+    faulted, baseline = finished_runs.original, finished_runs.rerun
+    report = {"mlflow_run_id": faulted["mlflow_run_id"], "baseline_mlflow_run_id": baseline["mlflow_run_id"],
+              "prefect_flow_run_id": faulted["prefect_flow_run_id"], "goodput": faulted["goodput"],
+              "outcomes": [a["outcome"] for a in faulted["attempts"] + baseline["attempts"]]}
+    return {"report": report, "tracking_uri": finished_runs.tracking_uri, "api": finished_runs.api}
 
 
 def png_size(data: bytes) -> tuple[int, int]:
@@ -84,7 +77,7 @@ def test_committed_notebook_has_no_outputs():
 def test_notebook_lists_compares_and_draws_the_runs(drilled, monkeypatch):
     report = drilled["report"]
     monkeypatch.setenv("TRAINFLOW_TRACKING_URI", drilled["tracking_uri"])
-    monkeypatch.setenv("TRAINFLOW_EXPERIMENT", "digits")
+    monkeypatch.setenv("TRAINFLOW_EXPERIMENT", EXPERIMENT)
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     # python3 is the venv's kernel: ipykernel is installed there and jupyter_client starts this interpreter
     NotebookClient(notebook, timeout=180, kernel_name="python3",
@@ -162,7 +155,7 @@ def test_every_figure_of_the_faulted_run_agrees_to_the_printed_digit(drilled, tm
 
     # the last loss point is the final step's own, and it is final_loss
     loss = sorted((m.timestamp, m.step, m.value) for m in client.get_metric_history(run_id, "loss"))
-    assert loss[-1][1] == summary["final_step"] == 30
+    assert loss[-1][1] == summary["final_step"] == STEPS
     assert loss[-1][2] == pytest.approx(summary["final_loss"], rel=1e-12) == metrics["final_loss"]
 
     # the timeline counts the steps each attempt ran, not the points recorded

@@ -36,9 +36,15 @@ def team_args(team: str) -> list[str]:
 
 
 def held(cli_env: dict, team: str) -> int:
+    """The devices the team's runs hold, as `trainflow quota list` shows them."""
     result = run_cli(["quota", "list", "--json"], cli_env)
     assert result.returncode == 0, result.stderr
     return next(row["held"] for row in json.loads(result.stdout) if row["team"] == team)
+
+
+def held_on_server(api: str, team: str) -> int:
+    """The devices the team's runs hold, read from the Prefect server itself (no CLI start-up)."""
+    return api_json(api, "GET", f"/v2/concurrency_limits/trainflow-team-{team}")["active_slots"]
 
 
 def start_run(cli_env: dict, log_dir: Path, name: str, *args: str) -> subprocess.Popen:
@@ -139,7 +145,7 @@ def test_a_teams_runs_queue_for_its_quota_while_another_team_runs(cli_env, prefe
     assert other.returncode == 0, other.stderr[-3000:]
     assert summary_of(other)["quota"]["limit"] == f"trainflow-team-{speech}"
     assert "queued for quota" not in other.stdout + other.stderr
-    assert second.poll() is None and third.poll() is None and held(cli_env, vision) == 2
+    assert second.poll() is None and third.poll() is None and held_on_server(prefect_api, vision) == 2
 
     (gate / "release").touch()
     results = {proc.name: finished(proc) for proc in (first, second, third)}
@@ -162,39 +168,38 @@ def test_a_teams_runs_queue_for_its_quota_while_another_team_runs(cli_env, prefe
     assert held(cli_env, vision) == 0 and held(cli_env, speech) == 0
 
 
-@pytest.mark.timeout(900)  # five runs, one after another
-def test_slots_come_back_after_failure_sigterm_and_a_dead_orchestrator(cli_env, tmp_path, kill_on_exit):
+@pytest.mark.timeout(900)  # four runs, two of them holding the quota at once
+def test_slots_come_back_after_failure_sigterm_and_a_dead_orchestrator(cli_env, prefect_api, tmp_path, kill_on_exit):
     team = team_name("robotics")
-    assert run_cli(["quota", "set", team, "--devices", "2"], cli_env).returncode == 0
+    assert run_cli(["quota", "set", team, "--devices", "4"], cli_env).returncode == 0  # two runs at once
 
+    running: list[subprocess.Popen] = []
+    for name in ("stopped", "dead"):  # one after the other: the first one creates the home's MLflow store
+        running.append(start_run(cli_env, tmp_path, name, *team_args(team), *paused_args(tmp_path / name)))
+        kill_on_exit.append(running[-1])
+        wait_until((tmp_path / name / "paused").exists, f"{name} training", running)
+    stopped, dead = running
+    assert held_on_server(prefect_api, team) == 4
+    queued = start_run(cli_env, tmp_path, "queued", *team_args(team), *SHORT)
+    kill_on_exit.append(queued)
+    wait_until(lambda: f"queued for quota trainflow-team-{team}: needs 2 devices, 4/4 held" in stderr_of(queued),
+               "the queued run", [queued])
+    for proc in (queued, stopped):  # SIGTERM: what a Prefect worker sends a flow run it cancels
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(DEADLINE_S) == 128 + signal.SIGTERM
+        assert held_on_server(prefect_api, team) == (4 if proc is queued else 2)  # the queued run took nothing
+
+    os.kill(dead.pid, signal.SIGKILL)  # the orchestrator alone: nothing gives its devices back
+    dead.wait(30)
+    assert held_on_server(prefect_api, team) == 2
+    assert run_cli(["quota", "set", team, "--devices", "2"], cli_env).returncode == 0  # the next run needs them
+    # the next run takes the dead run's devices back, then fails: its own come back too
     failed = run_cli(["run", SPEC, *team_args(team), *SHORT, "--json",
                       "--set", "workload.entrypoint=tests/integration/workloads/exit_at_step.py",
                       "--set", "workload.args=[--exit-at-step, '3']", "--set", "fault_tolerance.max_restarts=0"],
                      cli_env, timeout_s=DEADLINE_S)
     assert failed.returncode == 1 and summary_of(failed)["status"] == "failed", failed.stderr[-3000:]
-    assert held(cli_env, team) == 0
-
-    stopped = start_run(cli_env, tmp_path, "stopped", *team_args(team), *paused_args(tmp_path / "stopped"))
-    kill_on_exit.append(stopped)
-    wait_until((tmp_path / "stopped" / "paused").exists, "the run training", [stopped])
-    assert held(cli_env, team) == 2
-    queued = start_run(cli_env, tmp_path, "queued", *team_args(team), *SHORT)
-    kill_on_exit.append(queued)
-    wait_until(lambda: f"queued for quota trainflow-team-{team}" in stderr_of(queued), "the queued run", [queued])
-    for proc in (queued, stopped):  # SIGTERM: what a Prefect worker sends a flow run it cancels
-        os.killpg(proc.pid, signal.SIGTERM)
-        assert proc.wait(DEADLINE_S) == 128 + signal.SIGTERM
-        assert held(cli_env, team) == (2 if proc is queued else 0)  # the queued run took nothing
-
-    dead = start_run(cli_env, tmp_path, "dead", *team_args(team), *paused_args(tmp_path / "dead"))
-    kill_on_exit.append(dead)
-    wait_until((tmp_path / "dead" / "paused").exists, "the run training", [dead])
-    os.kill(dead.pid, signal.SIGKILL)  # the orchestrator alone: nothing gives its devices back
-    dead.wait(30)
-    assert held(cli_env, team) == 2
-    after = run_cli(["run", SPEC, *team_args(team), *SHORT, "--json"], cli_env, timeout_s=DEADLINE_S)
-    assert after.returncode == 0, after.stderr[-3000:]
-    assert f"quota trainflow-team-{team}: gave back 2 devices of run" in after.stderr
-    assert "queued for quota" not in after.stderr
-    assert held(cli_env, team) == 0
+    assert f"quota trainflow-team-{team}: gave back 2 devices of run" in failed.stderr
+    assert "queued for quota" not in failed.stderr
+    assert held_on_server(prefect_api, team) == 0 and held(cli_env, team) == 0
     assert not list((Path(cli_env["TRAINFLOW_HOME"]) / "quota").glob("*.json"))

@@ -17,8 +17,9 @@ from tests.integration.conftest import run_cli, s3_environment, summary_of
 pytestmark = pytest.mark.integration
 
 SPEC = "examples/fsdp_tp/spec.yaml"
+STEPS = 20  # a crash at step 15 resumes from the checkpoint at 10; the run ends at the one at 20
 SHORT = [
-    "--set", "workload.steps=30",
+    "--set", f"workload.steps={STEPS}",
     "--set", "checkpoint.every_steps=10",
     "--set", "tracking.step_metrics_every_s=0",
 ]
@@ -59,7 +60,7 @@ def test_sharded_layout_trains_to_the_end_and_a_crash_resumes_exactly(home_env, 
     # with 2 processes per node the crashed rank's node-mate reports a peer error too: the cause is
     # still the first rank to fail
     assert report["outcomes"] == ["CRASHED", "SUCCEEDED"], report
-    assert report["final_step"] == 30
+    assert report["final_step"] == STEPS
     assert report["params_match_baseline"] is True, report
     assert report["resources_released"] is True
 
@@ -73,7 +74,7 @@ def losses(client: MlflowClient, run_id: str) -> dict[int, float]:
 def test_permanent_node_loss_reshards_fsdp_tp_to_fewer_ranks(home_env):
     report = drill(home_env, "node-loss", "--node", "1", "--permanent", "--set", "resources.min_nodes=1")
     assert report["outcomes"] == ["NODE_LOST", "SUCCEEDED"], report
-    assert report["status"] == "succeeded" and report["final_step"] == 30
+    assert report["status"] == "succeeded" and report["final_step"] == STEPS
     client = mlflow_of(home_env)
     attempts = {int(r.data.params["attempt"]): r.data.params for r in
                 client.search_runs([client.get_run(report["mlflow_run_id"]).info.experiment_id],
