@@ -29,7 +29,7 @@ from pathlib import Path
 import fsdp_tp_tax  # bench/, beside this script
 import soak_bench
 from bench_common import BIN, ROOT, last_json, steps_per_s
-from trainflow.bench.checkpoint import SERVER_NICENESS
+from trainflow.drills.bench.checkpoint import SERVER_NICENESS
 from trainflow.contracts.recovery import PHASES as RECOVERY_PHASES
 
 SPEC = "examples/digits/spec.yaml"
@@ -162,7 +162,7 @@ def three_faults(env: dict) -> dict:
     script = """
 import json, os, sys
 from flows.lifecycle import faulted_lifecycle
-from trainflow.chaos import FaultPlan
+from trainflow.drills.chaos import FaultPlan
 from trainflow.spec import load_spec
 spec = load_spec("examples/digits/spec.yaml", ["workload.steps=240", "checkpoint.every_steps=20"])
 plans = [FaultPlan(kind="crash", at_step=50, attempt=1), FaultPlan(kind="preempt", at_step=110, attempt=2),
@@ -332,8 +332,8 @@ def write(results: dict) -> None:
 
 
 def main(parts: list[str]) -> None:
-    from trainflow.bench.torchrun_restart import measure_torchrun_restart
-    from trainflow.topology import describe_topology
+    from trainflow.drills.bench.torchrun_restart import measure_torchrun_restart
+    from trainflow.repro.topology import describe_topology
 
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}  # the parts not rerun are kept
     results["machine"] = describe_topology()

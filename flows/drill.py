@@ -17,14 +17,14 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.lifecycle import faulted_lifecycle, training_lifecycle
 from trainflow.backends.processes import job_processes
-from trainflow.bench.torchrun_restart import measure_torchrun_restart
-from trainflow.chaos import FaultKind, FaultPlan
-from trainflow.drill import (
+from trainflow.drills.bench.torchrun_restart import measure_torchrun_restart
+from trainflow.drills.chaos import FaultKind, FaultPlan
+from trainflow.drills.drill import (
     baseline_failed_report, baseline_key, check_plan, drill_report, drill_spec, load_baseline, save_baseline,
 )
-from trainflow.environment import fingerprint_environment
+from trainflow.repro.environment import fingerprint_environment
 from trainflow.spec import RunSpec, load_spec
-from trainflow.storage_proxy import StorageProxy
+from trainflow.drills.storage_proxy import StorageProxy
 
 
 @task(name="measure-torchrun-restart", cache_policy=NO_CACHE, persist_result=False)

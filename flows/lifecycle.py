@@ -40,9 +40,9 @@ from tasks.teardown import teardown
 from tasks.tracking import new_run_id, start_tracking
 from tasks.validate import validate_spec
 from tasks.watch import watch_attempt
-from trainflow import live
-from trainflow.chaos import FaultPlan
-from trainflow.interrupts import signal_name, teardown_not_interrupted
+from trainflow.orchestrator import live
+from trainflow.drills.chaos import FaultPlan
+from trainflow.orchestrator.interrupts import signal_name, teardown_not_interrupted
 from trainflow.spec import RunSpec, load_spec
 
 

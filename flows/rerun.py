@@ -18,7 +18,7 @@ from pydantic import Field
 
 from flows.lifecycle import training_lifecycle
 from trainflow.home import default_tracking_uri
-from trainflow.rerun import Lineage, RecordedRun, check_rerun, load_recorded_run, refusal, rerunning
+from trainflow.repro.rerun import Lineage, RecordedRun, check_rerun, load_recorded_run, refusal, rerunning
 
 
 @task(name="load-recorded-run", cache_policy=NO_CACHE, persist_result=False)

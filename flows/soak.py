@@ -14,11 +14,11 @@ from prefect import flow, get_run_logger
 
 from flows.drill import run_lifecycle, storage_proxy
 from trainflow.backends.processes import describe, job_processes
-from trainflow.chaos import FaultKind, FaultPlan
-from trainflow.cpu_load import cpu_load
-from trainflow.drill import baseline_key, load_baseline, save_baseline
-from trainflow.environment import fingerprint_environment
-from trainflow.soak import plan_faults, render_confusion, soak_kinds, soak_report, soak_spec
+from trainflow.drills.chaos import FaultKind, FaultPlan
+from trainflow.drills.cpu_load import cpu_load
+from trainflow.drills.drill import baseline_key, load_baseline, save_baseline
+from trainflow.repro.environment import fingerprint_environment
+from trainflow.drills.soak import plan_faults, render_confusion, soak_kinds, soak_report, soak_spec
 from trainflow.spec import RunSpec, load_spec
 
 

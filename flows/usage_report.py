@@ -21,8 +21,8 @@ from pydantic import Field
 
 from trainflow.home import default_tracking_uri
 from trainflow.prefect_api import PrefectApiError, team_limits
-from trainflow.usage import GroupBy, UsageReport, build_report, compare_limits, parse_since
-from trainflow.usage_render import render_markdown
+from trainflow.reporting.usage import GroupBy, UsageReport, build_report, compare_limits, parse_since
+from trainflow.reporting.usage_render import render_markdown
 
 ARTIFACT_KEY = "usage-report"
 EMBED_LIMIT_BYTES = 512 * 1024
@@ -44,7 +44,7 @@ def usage_report_of(tracking_uri: str, by: GroupBy, since: str) -> UsageReport:
 @task(name="publish-usage-report", cache_policy=NO_CACHE, persist_result=False)
 def publish(report: UsageReport) -> str:
     """The markdown table and the picture, as the flow run's `usage-report` artifact."""
-    from trainflow.plots.usage import render_usage
+    from trainflow.reporting.plots.usage import render_usage
 
     markdown = render_markdown(report)
     with tempfile.TemporaryDirectory(prefix="trainflow-usage-") as folder:

@@ -11,7 +11,7 @@ from prefect.runtime import task_run
 from tasks import lifecycle_task
 from tasks.records import Launched
 from trainflow.backends.abilities import ReplacesNodes
-from trainflow.failures import AttemptResult, Decision, Outcome, decide
+from trainflow.orchestrator.failures import AttemptResult, Decision, Outcome, decide
 from trainflow.spec import RunSpec
 
 STOP_GRACE_S = 3.0

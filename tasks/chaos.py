@@ -6,7 +6,7 @@ from prefect import get_run_logger
 
 from tasks import lifecycle_task
 from tasks.records import Launched
-from trainflow.chaos import FaultPlan, Injection, inject
+from trainflow.drills.chaos import FaultPlan, Injection, inject
 from trainflow.home import resolve_checkpoint_uri
 
 

@@ -9,10 +9,10 @@ from tasks.records import CheckpointRecord, Launched
 from trainflow.checkpoint.catalog import list_committed, missing_or_resized
 from trainflow.checkpoint.storage import Storage, StorageError
 from trainflow.contracts import AttemptResult, RunSummary, run_ledger
-from trainflow.diagnosis import diagnose
-from trainflow.failures import Decision
-from trainflow.plots import log_run_plots
-from trainflow.summary import run_status
+from trainflow.reporting.diagnosis import diagnose
+from trainflow.orchestrator.failures import Decision
+from trainflow.reporting.plots import log_run_plots
+from trainflow.reporting.summary import run_status
 from trainflow.workload_mode import features_off
 
 

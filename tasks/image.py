@@ -9,8 +9,8 @@ from prefect import get_run_logger
 from tasks import lifecycle_task
 from tasks.records import Provisioned, Ready
 from trainflow.backends.abilities import BuildsImage
-from trainflow.environment import Environment, fingerprint_environment, workload_repo
-from trainflow.topology import describe_topology
+from trainflow.repro.environment import Environment, fingerprint_environment, workload_repo
+from trainflow.repro.topology import describe_topology
 
 
 @lifecycle_task(name="prepare-image")

@@ -12,7 +12,7 @@ from trainflow.backends import AttemptPlan
 from trainflow.backends.abilities import SharesScratch
 from trainflow.checkpoint.catalog import Committed, latest_verified
 from trainflow.checkpoint.storage import StorageError
-from trainflow.environment import Environment
+from trainflow.repro.environment import Environment
 from trainflow.spec import RunSpec
 
 

@@ -6,14 +6,14 @@ from prefect import get_run_logger
 
 from tasks import lifecycle_task
 from tasks.records import Provisioned, RunRecord
-from trainflow import live
+from trainflow.orchestrator import live
 from trainflow.backends import launcher_for
 from trainflow.backends.abilities import BindsStatusElsewhere
 from trainflow.checkpoint.storage import open_storage
 from trainflow.home import resolve_checkpoint_uri, runs_root
-from trainflow.orphans import reap_stale_runs, write_marker
-from trainflow.status import StatusServer
-from trainflow.tracking import Tracker
+from trainflow.orchestrator.orphans import reap_stale_runs, write_marker
+from trainflow.orchestrator.status import StatusServer
+from trainflow.reporting.tracking import Tracker
 
 
 @lifecycle_task(name="provision")

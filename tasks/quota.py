@@ -18,12 +18,12 @@ from prefect.settings import PREFECT_API_URL
 from tasks import lifecycle_task
 from tasks import quota_api
 from tasks.records import RunRecord
-from trainflow.interrupts import signals_deferred
+from trainflow.orchestrator.interrupts import signals_deferred
 from trainflow.quota import (
     TEMPORARY_SERVER_ENV, QuotaError, QuotaLease, QuotaNeed, acquired_line, dead_holders, queued_line,
     remove_lease_file, write_lease_file,
 )
-from trainflow.tracking import Tracker
+from trainflow.reporting.tracking import Tracker
 
 POLL_S = 2.0  # how often a queued run asks again; the server's Retry-After can be far longer
 RENEW_EVERY_S = quota_api.LEASE_S / 4

@@ -1,18 +1,18 @@
 """The records the lifecycle's tasks hand each other: each stage's result is what the next stage
 uses, so the flow's task graph in Prefect is the lifecycle itself. Live parts (processes, sockets,
-clients) are not in them: they are found by run id in trainflow.live."""
+clients) are not in them: they are found by run id in trainflow.orchestrator.live."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainflow import live
+from trainflow.orchestrator import live
 from trainflow.backends import Allocation, AttemptHandle, Launcher
 from trainflow.checkpoint.storage import Storage
-from trainflow.environment import Environment
+from trainflow.repro.environment import Environment
 from trainflow.spec import RunSpec
-from trainflow.status import StatusServer
-from trainflow.tracking import Tracker
+from trainflow.orchestrator.status import StatusServer
+from trainflow.reporting.tracking import Tracker
 
 
 class HandOff:

@@ -23,9 +23,9 @@ from tasks.automation import (
 )
 from trainflow.contracts import AttemptResult, Outcome, RunSummary
 from trainflow.contracts.ledger import milliseconds, percent, seconds
-from trainflow.failures import Decision
-from trainflow.plots import plots_markdown
-from trainflow.summary import mlflow_ui_command, public_uri
+from trainflow.orchestrator.failures import Decision
+from trainflow.reporting.plots import plots_markdown
+from trainflow.reporting.summary import mlflow_ui_command, public_uri
 
 PROGRESS_EVERY_S = 2.0  # the watch loop flushes metrics every second; the UI needs less
 MLFLOW_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves a local (sqlite) store by default

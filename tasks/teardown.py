@@ -12,14 +12,14 @@ from prefect import get_run_logger
 
 from tasks import lifecycle_task
 from tasks.records import Launched, Provisioned, RunRecord
-from trainflow import live
+from trainflow.orchestrator import live
 from trainflow.checkpoint.catalog import latest_verified
 from trainflow.checkpoint.keep_local import keep_newer_local_checkpoints
 from trainflow.checkpoint.storage import StorageError
 from trainflow.home import trainflow_home
-from trainflow.orphans import clear_unprovisioned
+from trainflow.orchestrator.orphans import clear_unprovisioned
 from trainflow.spec import RunSpec
-from trainflow.tracking import PARENT_TAG, Tracker, tracking_uri_for
+from trainflow.reporting.tracking import PARENT_TAG, Tracker, tracking_uri_for
 
 T = TypeVar("T")
 WRITE_RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 8.0)  # a SQLite store locked by another writer frees up

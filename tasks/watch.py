@@ -8,15 +8,15 @@ from tasks import lifecycle_task
 from tasks.attempts import STOP_GRACE_S
 from tasks.records import Launched
 from tasks.reporting import report_progress
-from trainflow import live, progress
-from trainflow.failures import AttemptResult
-from trainflow.watcher import AttemptWatcher, WatchLimits
+from trainflow.orchestrator import live, progress
+from trainflow.orchestrator.failures import AttemptResult
+from trainflow.orchestrator.watcher import AttemptWatcher, WatchLimits
 
 
 @lifecycle_task(name="watch-attempt", task_run_name="watch-attempt-{launched.handle.attempt}")
 def watch_attempt(launched: Launched) -> AttemptResult:
     """Watch exits, heartbeats and progress until the attempt ends; each commit goes to the attempt's
-    commit feed (trainflow.live), which the flow snapshots from until watching is over."""
+    commit feed (trainflow.orchestrator.live), which the flow snapshots from until watching is over."""
     logger = get_run_logger()
     spec, record, provisioned, handle = launched.spec, launched.record, launched.provisioned, launched.handle
 

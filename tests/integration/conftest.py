@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import ROOT
 from trainflow.backends.ports import free_port
-from trainflow.servers import stop_server, wait_http
+from trainflow.drills.servers import stop_server, wait_http
 from trainflow.worker_config import JOB_ENV
 
 BIN = Path(sys.executable).parent

@@ -34,7 +34,7 @@ from trainflow.backends.ports import free_port
 from trainflow.checkpoint.catalog import step_of
 from trainflow.checkpoint.dcp_io import load_metadata
 from trainflow.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest
-from trainflow.status import StatusServer
+from trainflow.orchestrator.status import StatusServer
 from trainflow.worker_config import CONFIG_ENV, JOB_ENV, WorkerConfig, fault_gate_path
 
 pytestmark = pytest.mark.integration

@@ -16,14 +16,14 @@ from urllib.parse import urlparse
 
 import pytest
 
-import trainflow.chaos as chaos
+import trainflow.drills.chaos as chaos
 from tests.integration.conftest import BUCKET, unique_prefix
 from tests.integration.test_checkpoint_engine import ThrottledProxy, key_prefix, new_job, worker_env
 from trainflow.backends import Allocation, AttemptHandle
 from trainflow.backends.local.launcher import LocalLauncher
-from trainflow.chaos import FaultKind, FaultPlan, Injection
+from trainflow.drills.chaos import FaultKind, FaultPlan, Injection
 from trainflow.checkpoint.manifest import MANIFEST_NAME, Manifest
-from trainflow.drill import last_finished_save
+from trainflow.drills.drill import last_finished_save
 from trainflow.worker_config import fault_gate_path, gate_arrival_path
 
 pytestmark = pytest.mark.integration

@@ -110,10 +110,10 @@ def test_every_figure_of_the_faulted_run_agrees_to_the_printed_digit(drilled, tm
     """The goodput picture's title and bars, the MLflow metrics, summary.json, the Prefect summary
     artifact and the diagnosis, for the run whose worker crashed: one ledger, printed one way."""
     from trainflow.contracts.ledger import milliseconds, percent, seconds
-    from trainflow.plots import picture_titles
-    from trainflow.plots.data import goodput_breakdown, timeline_data
-    from trainflow.plots.render import draw_goodput, draw_timeline, figure_texts, new_figure
-    from trainflow.plots.store import metric_histories
+    from trainflow.reporting.plots import picture_titles
+    from trainflow.reporting.plots.data import goodput_breakdown, timeline_data
+    from trainflow.reporting.plots.render import draw_goodput, draw_timeline, figure_texts, new_figure
+    from trainflow.reporting.plots.store import metric_histories
 
     report, client = drilled["report"], MlflowClient(drilled["tracking_uri"])
     run_id = report["mlflow_run_id"]

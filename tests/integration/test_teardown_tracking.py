@@ -13,7 +13,7 @@ from tasks.records import RunRecord
 from tasks.teardown import close_tracking
 from tests.conftest import ROOT
 from trainflow.spec import load_spec
-from trainflow.tracking import Tracker
+from trainflow.reporting.tracking import Tracker
 
 pytestmark = pytest.mark.integration
 

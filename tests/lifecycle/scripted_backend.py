@@ -14,7 +14,7 @@ from pathlib import Path
 from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, NodeExit, RankExit, ReleaseReport
 from trainflow.runtime.reporter import StatusReporter
 from trainflow.spec import RunSpec
-from trainflow.status import StatusServer
+from trainflow.orchestrator.status import StatusServer
 
 
 class End(str, Enum):

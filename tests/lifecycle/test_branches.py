@@ -14,7 +14,7 @@ from tests.conftest import ROOT
 from tests.lifecycle.scripted_backend import Act, End, ScriptedLauncher
 from trainflow import backends
 from trainflow.spec import RunSpec
-from trainflow.status import StatusServer
+from trainflow.orchestrator.status import StatusServer
 
 STEPS = 12
 

@@ -1,4 +1,4 @@
-"""trainflow.audit: the origin tags a run records, and the trail read back from a real MLflow
+"""trainflow.reporting.audit: the origin tags a run records, and the trail read back from a real MLflow
 SQLite store written the way the lifecycle writes it."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import socket
 import pytest
 from typer.testing import CliRunner
 
-from trainflow.audit import AuditError, add_events, launched_via, origin_tags, read_trail, without_credentials
-from trainflow.audit_render import render_trail
+from trainflow.reporting.audit import AuditError, add_events, launched_via, origin_tags, read_trail, without_credentials
+from trainflow.reporting.audit_render import render_trail
 from trainflow.cli import app
-from trainflow.tracking import Tracker
+from trainflow.reporting.tracking import Tracker
 
 
 def test_origin_says_deployment_cli_or_flow():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainflow.chaos import FaultKind, FaultPlan
-from trainflow.drill import baseline_failed_report, check_plan, drill_report
+from trainflow.drills.chaos import FaultKind, FaultPlan
+from trainflow.drills.drill import baseline_failed_report, check_plan, drill_report
 from trainflow.spec import RunSpec, SpecError
 
 BASELINE = {"params_sha256": "aa" * 32, "mlflow_run_id": "base"}

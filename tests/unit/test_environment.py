@@ -1,4 +1,4 @@
-"""trainflow.environment: the lock file, its check against what is installed, the fingerprint."""
+"""trainflow.repro.environment: the lock file, its check against what is installed, the fingerprint."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from importlib import metadata
 
 import pytest
 
-from trainflow import environment
-from trainflow.environment import EnvironmentMismatch, fingerprint_environment, lock_problems, read_lock
+from trainflow.repro import environment
+from trainflow.repro.environment import EnvironmentMismatch, fingerprint_environment, lock_problems, read_lock
 
 
 @pytest.fixture(autouse=True)

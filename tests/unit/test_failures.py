@@ -1,14 +1,14 @@
-"""trainflow.failures: classifying an ended attempt and deciding whether to retry."""
+"""trainflow.orchestrator.failures: classifying an ended attempt and deciding whether to retry."""
 
 from __future__ import annotations
 
 import pytest
 
 from trainflow.backends.base import NodeExit, RankExit
-from trainflow.failures import AttemptResult, Outcome, classify_exit, decide
+from trainflow.orchestrator.failures import AttemptResult, Outcome, classify_exit, decide
 from trainflow.runtime.reporter import EXIT_ORCHESTRATOR_LOST
 from trainflow.spec import FaultTolerance
-from trainflow.status import AttemptStatus
+from trainflow.orchestrator.status import AttemptStatus
 
 
 def policy(max_restarts: int = 3, **overrides) -> FaultTolerance:

@@ -10,7 +10,7 @@ import pytest
 
 from trainflow.contracts import AttemptResult, Outcome, RunSummary, run_ledger
 from trainflow.contracts.ledger import PRODUCTIVE, STALLS, percent
-from trainflow.summary import closing_lines, run_status
+from trainflow.reporting.summary import closing_lines, run_status
 
 
 def attempt(n, outcome, *, started, ended, detected, failed=None, first_step=None, resumed=0, last=0, totals=None):

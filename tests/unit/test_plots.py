@@ -1,4 +1,4 @@
-"""trainflow.plots: what the pictures show (spans, figures) for a hand-made run, and that they render."""
+"""trainflow.reporting.plots: what the pictures show (spans, figures) for a hand-made run, and that they render."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import struct
 import pytest
 
 from trainflow.contracts import AttemptResult, Outcome, RunSummary, run_ledger
-from trainflow.plots import picture_titles, render_run_plots
-from trainflow.plots.data import (
+from trainflow.reporting.plots import picture_titles, render_run_plots
+from trainflow.reporting.plots.data import (
     DETECTION, LOST, OTHER, PRODUCTIVE, RECOVERY, STALLS, checkpoint_timings, curves_by_attempt,
     goodput_breakdown, timeline_data,
 )
-from trainflow.plots.render import (
+from trainflow.reporting.plots.render import (
     draw_goodput, draw_timeline, figure_texts, new_figure, render_goodput, render_timeline,
 )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from trainflow import progress
+from trainflow.orchestrator import progress
 
 
 def test_published_progress_has_step_loss_attempt_and_an_eta():

@@ -1,6 +1,6 @@
 """The loss of a step is the mean over the ranks, and a step's row waits for every rank's report."""
 
-from trainflow.rank_steps import StepReport, StepsOverRanks
+from trainflow.orchestrator.rank_steps import StepReport, StepsOverRanks
 
 
 def test_a_step_is_recorded_once_every_rank_reported_it_with_the_mean_of_their_losses():

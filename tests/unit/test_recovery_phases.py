@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from trainflow.contracts import AttemptResult, Outcome, WorkerMilestones, run_ledger
-from trainflow.drill import phases_line
+from trainflow.drills.drill import phases_line
 from trainflow.runtime.process_clock import process_started_at
 
 

@@ -1,12 +1,12 @@
-"""trainflow.rerun: what counts as drift between a recorded run and this checkout, and how it is told."""
+"""trainflow.repro.rerun: what counts as drift between a recorded run and this checkout, and how it is told."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from trainflow import rerun
-from trainflow.environment import Environment
-from trainflow.rerun import (
+from trainflow.repro import rerun
+from trainflow.repro.environment import Environment
+from trainflow.repro.rerun import (
     SHOWN_PACKAGES, Lineage, RecordedRun, code_snapshot, current_lineage, detect_drift, package_drift, refusal,
     rerunning,
 )

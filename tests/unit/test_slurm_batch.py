@@ -12,9 +12,9 @@ from trainflow.backends.slurm.commands import JobState, parse_key_values, usable
 from trainflow.backends.slurm.allocation import SlurmAttempt
 from trainflow.backends.slurm.job_end import SlurmNodeExit, from_job, time_limit_warning
 from trainflow.backends.slurm.node_agent import signal_file
-from trainflow.failures import Outcome, classify_exit
+from trainflow.orchestrator.failures import Outcome, classify_exit
 from trainflow.spec import SpecError, parse_spec
-from trainflow.status import AttemptStatus
+from trainflow.orchestrator.status import AttemptStatus
 
 
 def spec(**slurm):

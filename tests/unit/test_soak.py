@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from trainflow.chaos import FaultKind
-from trainflow.cpu_load import cpu_load
-from trainflow.soak import plan_faults, render_confusion, soak_kinds, soak_report, soak_spec
+from trainflow.drills.chaos import FaultKind
+from trainflow.drills.cpu_load import cpu_load
+from trainflow.drills.soak import plan_faults, render_confusion, soak_kinds, soak_report, soak_spec
 from trainflow.spec import RunSpec, SpecError
 
 

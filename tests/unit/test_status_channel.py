@@ -1,4 +1,4 @@
-"""trainflow.status.StatusServer with trainflow.runtime.reporter.StatusReporter over loopback TCP."""
+"""trainflow.orchestrator.status.StatusServer with trainflow.runtime.reporter.StatusReporter over loopback TCP."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from contextlib import ExitStack
 import pytest
 
 from trainflow.runtime.reporter import StatusReporter
-from trainflow.status import AttemptStatus, StatusServer
+from trainflow.orchestrator.status import AttemptStatus, StatusServer
 
 
 def wait_for(server: StatusServer, predicate: Callable[[AttemptStatus], bool], timeout: float = 5.0) -> AttemptStatus:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from trainflow.status import AttemptStatus, StatusServer
+from trainflow.orchestrator.status import AttemptStatus, StatusServer
 
 FORGED_HASH = "f" * 64
 

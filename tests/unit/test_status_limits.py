@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from trainflow.runtime.reporter import StatusReporter
-from trainflow.status import StatusServer
-from trainflow.status_limits import ChannelLimits
+from trainflow.orchestrator.status import StatusServer
+from trainflow.orchestrator.status_limits import ChannelLimits
 
 MiB = 1 << 20
 
@@ -174,7 +174,7 @@ def test_a_malformed_message_after_the_hello_is_dropped_and_the_connection_goes_
 
 SERVER_PROCESS = textwrap.dedent("""
     import json, resource, sys
-    from trainflow.status import StatusServer
+    from trainflow.orchestrator.status import StatusServer
     server = StatusServer()
     server.begin_attempt(1, world_size=1)
     print(json.dumps({"port": server.port, "token": server.token}), flush=True)

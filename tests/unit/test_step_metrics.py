@@ -1,4 +1,4 @@
-from trainflow.step_metrics import StepMetricWindow
+from trainflow.orchestrator.step_metrics import StepMetricWindow
 
 
 def test_fast_steps_are_recorded_as_their_mean_at_the_last_step_of_each_interval():

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from trainflow.storage_proxy import StorageProxy
+from trainflow.drills.storage_proxy import StorageProxy
 
 
 @pytest.fixture

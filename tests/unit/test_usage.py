@@ -1,4 +1,4 @@
-"""trainflow.usage: the figures each run recorded, summed per team, owner or experiment, read from a
+"""trainflow.reporting.usage: the figures each run recorded, summed per team, owner or experiment, read from a
 real MLflow SQLite store written the way the lifecycle writes it; and `trainflow usage`'s outputs."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from trainflow.cli import app
-from trainflow.tracking import Tracker
-from trainflow.usage import GroupBy, RunUsage, UsageError, build_report, compare_limits, parse_since, peak_devices
+from trainflow.reporting.tracking import Tracker
+from trainflow.reporting.usage import GroupBy, RunUsage, UsageError, build_report, compare_limits, parse_since, peak_devices
 
 RUNS = [
     # experiment, team, owner, world size, status, device_hours, wasted, lost_work_s, recovery_s, attempts, quota wait, checkpoint bytes

@@ -8,10 +8,10 @@ import time
 import pytest
 
 from trainflow.backends.base import AttemptHandle, NodeExit
-from trainflow.failures import Outcome
+from trainflow.orchestrator.failures import Outcome
 from trainflow.runtime.reporter import StatusReporter
-from trainflow.status import StatusServer
-from trainflow.watcher import AttemptWatcher, WatchLimits
+from trainflow.orchestrator.status import StatusServer
+from trainflow.orchestrator.watcher import AttemptWatcher, WatchLimits
 
 
 class StandInLauncher:

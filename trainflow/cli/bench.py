@@ -21,7 +21,7 @@ def bench_checkpoint(
     as_json: Annotated[bool, typer.Option("--json", help="End with one JSON line: the figures.")] = False,
 ) -> None:
     """Stall of sync vs async saves, local/S3 throughput vs plain boto3, verify time, step overhead."""
-    from trainflow.bench.checkpoint import BenchError, Options, render, run_benchmark
+    from trainflow.drills.bench.checkpoint import BenchError, Options, render, run_benchmark
 
     try:
         figures = run_benchmark(Options(size_mb=size_mb, uri=uri), log=lambda text: typer.echo(text, err=True))

@@ -33,8 +33,8 @@ def drill(
     """Inject one fault from outside into a run and report detection, recovery and exactness."""
     from pydantic import ValidationError
 
-    from trainflow.chaos import FaultPlan
-    from trainflow.drill import check_plan, drill_spec
+    from trainflow.drills.chaos import FaultPlan
+    from trainflow.drills.drill import check_plan, drill_spec
     from trainflow.preflight import preflight
 
     if rank is not None and node is not None:
@@ -81,9 +81,9 @@ def soak(
     as_json: Annotated[bool, typer.Option("--json", help="End with one JSON line: the soak report.")] = False,
 ) -> None:
     """One longer job with many faults at random steps: confusion matrix, lost steps, exactness, leftovers."""
-    from trainflow.chaos import FaultKind
+    from trainflow.drills.chaos import FaultKind
     from trainflow.preflight import preflight
-    from trainflow.soak import plan_faults, render_confusion, soak_kinds, soak_spec
+    from trainflow.drills.soak import plan_faults, render_confusion, soak_kinds, soak_spec
 
     try:
         spec = load_spec(spec_path, overrides or [])
@@ -123,7 +123,7 @@ def soak(
 
 
 def print_drill(report: dict) -> None:
-    from trainflow.drill import phases_line
+    from trainflow.drills.drill import phases_line
 
     echo = typer.echo
     echo()

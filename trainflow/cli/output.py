@@ -27,7 +27,7 @@ def live_progress():
     if not sys.stderr.isatty():
         yield
         return
-    from trainflow.progress import draw_while
+    from trainflow.orchestrator.progress import draw_while
 
     running = threading.Event()
     running.set()
@@ -58,7 +58,7 @@ def finish(state, as_json: bool) -> None:
 
 
 def print_summary(summary: dict) -> None:
-    from trainflow.summary import closing_lines
+    from trainflow.reporting.summary import closing_lines
 
     typer.echo()
     for line in closing_lines(summary, _prefect_ui_url()):

@@ -52,10 +52,10 @@ def rerun(
     as_json: Annotated[bool, typer.Option("--json", help="End with one JSON line: the run summary.")] = False,
 ) -> None:
     """Repeat a recorded run with its recorded spec and seed; refuse (exit 2) if code or environment drifted."""
-    from trainflow.environment import EnvironmentMismatch
+    from trainflow.repro.environment import EnvironmentMismatch
     from trainflow.home import default_tracking_uri
     from trainflow.preflight import preflight
-    from trainflow.rerun import RerunError, check_rerun, load_recorded_run, refusal
+    from trainflow.repro.rerun import RerunError, check_rerun, load_recorded_run, refusal
 
     tracking_uri = tracking_uri or default_tracking_uri()
     try:

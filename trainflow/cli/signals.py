@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import typer
 
-from trainflow.audit import VIA_CLI, launched_via
+from trainflow.reporting.audit import VIA_CLI, launched_via
 from trainflow.cli.output import EXIT_FAILED
 from trainflow.prefect_server import (
     STARTUP_TIMEOUT_ENV, STARTUP_TIMEOUT_S, ServerError, TemporaryServer, startup_timeout_s,

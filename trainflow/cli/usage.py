@@ -41,7 +41,7 @@ def usage(
 ) -> None:
     """Device-hours, waste, failures, quota waits and checkpoint bytes per team, owner or experiment."""
     from trainflow.home import trainflow_home
-    from trainflow.usage import GroupBy, UsageError, build_report, parse_since
+    from trainflow.reporting.usage import GroupBy, UsageError, build_report, parse_since
 
     if as_json and as_csv:
         _fail_input("--json and --csv: choose one output format")
@@ -53,8 +53,8 @@ def usage(
         since_s = parse_since(since)
     except UsageError as exc:
         _fail_input(str(exc))
-    from trainflow.plots.usage import render_usage
-    from trainflow.usage_render import render_csv, render_text
+    from trainflow.reporting.plots.usage import render_usage
+    from trainflow.reporting.usage_render import render_csv, render_text
 
     report = build_report(_store(tracking_uri), grouping, since_s)
     _compare_limits(report)
@@ -72,7 +72,7 @@ def usage(
 def _compare_limits(report) -> None:
     """Each team's device limit beside its peak, when a Prefect server answers at PREFECT_API_URL."""
     from trainflow.prefect_api import PrefectApiError, api_url, team_limits
-    from trainflow.usage import GroupBy, compare_limits
+    from trainflow.reporting.usage import GroupBy, compare_limits
 
     api = api_url()
     if not api or report.by != GroupBy.team:
@@ -91,8 +91,8 @@ def audit(
     as_json: Annotated[bool, typer.Option("--json", help="Print the trail as one JSON object.")] = False,
 ) -> None:
     """Who launched a run, from where and with what; its reruns, attempts and Prefect events."""
-    from trainflow.audit import AuditError, add_events, read_trail
-    from trainflow.audit_render import render_trail
+    from trainflow.reporting.audit import AuditError, add_events, read_trail
+    from trainflow.reporting.audit_render import render_trail
     from trainflow.prefect_api import api_url
 
     try:

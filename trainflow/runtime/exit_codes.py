@@ -1,5 +1,5 @@
-"""The worker's exit codes, under the runtime's own name (defined in trainflow/exit_codes.py)."""
+"""The worker's exit codes, under the runtime's own name (defined in trainflow/contracts/exit_codes.py)."""
 
-from trainflow.exit_codes import DIVERGED, ORCHESTRATOR_LOST, PREEMPTED
+from trainflow.contracts.exit_codes import DIVERGED, ORCHESTRATOR_LOST, PREEMPTED
 
 __all__ = ["DIVERGED", "ORCHESTRATOR_LOST", "PREEMPTED"]

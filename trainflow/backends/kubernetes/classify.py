@@ -3,7 +3,7 @@
 Reads pod and Job status exactly as the API returns them (camelCase dicts), so recorded statuses
 can be fed to it in tests. An outcome is set only when the pod itself is the evidence (out of
 memory, evicted, preempted, node lost, image or configuration problems); a plain non-zero exit
-leaves the outcome to the workers' own reports, which say more (`trainflow.failures`).
+leaves the outcome to the workers' own reports, which say more (`trainflow.orchestrator.failures`).
 
 The same table drives the Job's podFailurePolicy, so the Job's failure message and trainflow's
 classification name the same rule.
@@ -289,7 +289,7 @@ def job_waiting(job: dict) -> str | None:
 def pod_outcome(exits: list[NodeExit]) -> tuple[Outcome, str] | None:
     """The outcome pod-level evidence decides for an ended attempt, if any: out of memory,
     evicted, preempted, node lost, image or configuration problems. None: let the exit codes and
-    the workers' reports decide (`trainflow.failures.classify_exit`)."""
+    the workers' reports decide (`trainflow.orchestrator.failures.classify_exit`)."""
     for node_exit in sorted(exits, key=lambda e: e.node):
         if isinstance(node_exit, PodExit) and not node_exit.running and node_exit.outcome is not None:
             return node_exit.outcome, f"node {node_exit.node} ({node_exit.pod}): {node_exit.reason}"

@@ -22,7 +22,7 @@ from pathlib import Path
 from trainflow.backends.kubernetes.config import kubernetes_config
 from trainflow.backends.kubernetes.names import IMAGE_BUILD, RunNames
 from trainflow.checkpoint.location import S3Location
-from trainflow.environment import git_state, PROJECT_ROOT
+from trainflow.repro.environment import git_state, PROJECT_ROOT
 from trainflow.spec import RunSpec
 
 DOCKERFILE = "infra/Dockerfile"

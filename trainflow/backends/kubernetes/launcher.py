@@ -47,7 +47,7 @@ from trainflow.backends.kubernetes.pod import CONTAINER
 from trainflow.backends.kubernetes.registry import RegistryError, manifest_digest
 from trainflow.backends.kubernetes.workloads import JOB_API, PYTORCH_CONTAINER, workload_api
 from trainflow.backends.worker import secret_environment
-from trainflow.environment import PROJECT_ROOT
+from trainflow.repro.environment import PROJECT_ROOT
 from trainflow.private_files import private_folder
 from trainflow.spec import RunSpec
 

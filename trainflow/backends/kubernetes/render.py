@@ -16,7 +16,7 @@ from trainflow.backends.base import AttemptPlan
 from trainflow.backends.kubernetes.config import kubernetes_config
 from trainflow.backends.kubernetes.image import context_uri, kaniko_job, planned_image
 from trainflow.backends.kubernetes.manifests import attempt_manifests, headless_service
-from trainflow.environment import PROJECT_ROOT, git_state
+from trainflow.repro.environment import PROJECT_ROOT, git_state
 from trainflow.spec import RunSpec
 
 PLACEHOLDER_TOKEN = "set-by-the-orchestrator-at-launch"

@@ -22,8 +22,8 @@ from trainflow.backends import Allocation, AttemptHandle, Launcher
 from trainflow.backends.abilities import CutsNodes, PreemptsNodes, SignalsRanks
 from trainflow.checkpoint.catalog import list_committed
 from trainflow.checkpoint.storage import open_storage
-from trainflow.status import StatusServer
-from trainflow.storage_proxy import StorageProxy
+from trainflow.orchestrator.status import StatusServer
+from trainflow.drills.storage_proxy import StorageProxy
 from trainflow.worker_config import fault_gate_path, gate_arrival_path
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from trainflow.backends import Launcher
 from trainflow.checkpoint.storage import Storage
-from trainflow.status import StatusServer
-from trainflow.tracking import Tracker
+from trainflow.orchestrator.status import StatusServer
+from trainflow.reporting.tracking import Tracker
 
 _END = object()  # a feed's last item: the watch is over
 

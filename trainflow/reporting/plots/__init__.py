@@ -17,9 +17,9 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from trainflow.contracts import RunSummary
-from trainflow.plots.data import as_summary, goodput_breakdown, timeline_data
-from trainflow.plots.store import metric_histories
-from trainflow.tracking import Tracker
+from trainflow.reporting.plots.data import as_summary, goodput_breakdown, timeline_data
+from trainflow.reporting.plots.store import metric_histories
+from trainflow.reporting.tracking import Tracker
 
 ARTIFACT_FOLDER = "plots"
 TIMELINE_PNG = "timeline.png"
@@ -34,7 +34,7 @@ EMBED_LIMIT_BYTES = 512 * 1024  # larger pictures are linked, not inlined into t
 def render_run_plots(summary: RunSummary | dict, histories: dict, folder: Path) -> list[Path]:
     """Write the timeline and goodput PNGs of a finished run into `folder`."""
     # matplotlib is imported here, not with the package: without it a run loses its pictures, not its finalize
-    from trainflow.plots.render import render_goodput, render_timeline
+    from trainflow.reporting.plots.render import render_goodput, render_timeline
 
     return [
         render_timeline(timeline_data(summary, histories), folder / TIMELINE_PNG),

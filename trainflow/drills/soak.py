@@ -19,10 +19,10 @@ import shutil
 from collections import Counter
 
 from trainflow.backends import launcher_for
-from trainflow.chaos import FaultKind, FaultPlan, backend_inability
-from trainflow.drill import EXPECTED_OUTCOME, lost_steps_limit
+from trainflow.drills.chaos import FaultKind, FaultPlan, backend_inability
+from trainflow.drills.drill import EXPECTED_OUTCOME, lost_steps_limit
 from trainflow.spec import RunSpec, SpecError
-from trainflow.watcher import HANG_FLOOR_S
+from trainflow.orchestrator.watcher import HANG_FLOOR_S
 
 # every kind that ends an attempt, so one attempt per fault; a storage outage ends it as INFRA
 SOAK_KINDS = (FaultKind.crash, FaultKind.kill, FaultKind.hang, FaultKind.preempt, FaultKind.node_loss,

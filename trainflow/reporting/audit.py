@@ -27,7 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 
 VIA_DEPLOYMENT, VIA_CLI, VIA_FLOW = "deployment", "cli", "flow"
-PARENT_TAG = "mlflow.parentRunId"  # as trainflow.tracking's; not imported, so the CLI starts without mlflow
+PARENT_TAG = "mlflow.parentRunId"  # as trainflow.reporting.tracking's; not imported, so the CLI starts without mlflow
 ORIGIN_TAGS = ["launched_via", "prefect_deployment", "launched_by_user", "launched_from_host"]
 IDENTITY_TAGS = ["spec_hash", "git_commit", "git_dirty", "env_fingerprint", "workload_sha256",
                  "prefect_flow_run_id", "status", "reason"]

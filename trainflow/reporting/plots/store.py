@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 from pydantic import ValidationError
 
 from trainflow.contracts import RunSummary
-from trainflow.plots.data import PLOT_METRICS, Histories
+from trainflow.reporting.plots.data import PLOT_METRICS, Histories
 
 PARENT_TAG = "mlflow.parentRunId"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from trainflow.audit import AuditTrail
+from trainflow.reporting.audit import AuditTrail
 
 PAYLOAD_CHARS = 160  # an event's payload is cut to this for the one line it gets
 

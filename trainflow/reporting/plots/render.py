@@ -18,7 +18,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from trainflow.contracts.ledger import percent, seconds
-from trainflow.plots.data import (
+from trainflow.reporting.plots.data import (
     DETECTION, LOST, OTHER, PRODUCTIVE, RECOVERY, STALLS, AttemptCurve, GoodputBreakdown, Timeline,
 )
 

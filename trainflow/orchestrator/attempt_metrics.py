@@ -8,8 +8,8 @@ arrive, so an attempt's totals never wait for a rank that stopped reporting.
 
 from __future__ import annotations
 
-from trainflow.rank_steps import StepReport, StepsOverRanks
-from trainflow.step_metrics import MetricRows, StepMetricWindow
+from trainflow.orchestrator.rank_steps import StepReport, StepsOverRanks
+from trainflow.orchestrator.step_metrics import MetricRows, StepMetricWindow
 
 TIMING_TOTALS = ("step_time_s", "comm_wait_s", "data_wait_s")
 

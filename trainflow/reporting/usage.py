@@ -24,7 +24,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from trainflow.tracking import PARENT_TAG
+from trainflow.reporting.tracking import PARENT_TAG
 
 NO_GROUP = "(none)"
 CHECKPOINT_INDEX = "checkpoints/index.json"

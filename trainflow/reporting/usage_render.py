@@ -7,7 +7,7 @@ import csv
 import io
 import json
 
-from trainflow.usage import GroupUsage, UsageReport
+from trainflow.reporting.usage import GroupUsage, UsageReport
 
 CSV_COLUMNS = [
     "group", "runs", "succeeded", "success_rate", "device_hours", "wasted_device_hours", "wasted_share",

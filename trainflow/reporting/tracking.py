@@ -14,7 +14,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from trainflow.home import artifacts_root, default_tracking_uri
-from trainflow.interrupts import signals_deferred
+from trainflow.orchestrator.interrupts import signals_deferred
 from trainflow.spec import RunSpec
 
 PARENT_TAG = "mlflow.parentRunId"

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from trainflow.backends.base import NodeExit
 from trainflow.contracts import AttemptResult, Outcome
-from trainflow.exit_codes import ORCHESTRATOR_LOST as EXIT_ORCHESTRATOR_LOST
+from trainflow.contracts.exit_codes import ORCHESTRATOR_LOST as EXIT_ORCHESTRATOR_LOST
 from trainflow.spec import FaultTolerance
-from trainflow.status import AttemptStatus
+from trainflow.orchestrator.status import AttemptStatus
 
 INFRA_ERRORS = {"StorageError", "CheckpointInvalid", "ManifestError", "DistNetworkError", "DistStoreError"}
 

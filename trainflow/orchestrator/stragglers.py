@@ -9,8 +9,8 @@ from __future__ import annotations
 import statistics
 import time
 
-from trainflow.status import AttemptStatus
-from trainflow.step_metrics import MetricRows
+from trainflow.orchestrator.status import AttemptStatus
+from trainflow.orchestrator.step_metrics import MetricRows
 
 STRAGGLER_REPORT_S = 5.0
 

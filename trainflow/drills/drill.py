@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from trainflow.backends import launcher_for
-from trainflow.chaos import FaultKind, FaultPlan, backend_inability
+from trainflow.drills.chaos import FaultKind, FaultPlan, backend_inability
 from trainflow.home import trainflow_home
 from trainflow.spec import RunSpec, SpecError
 

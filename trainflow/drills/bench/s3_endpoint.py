@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from trainflow.checkpoint.location import is_s3
-from trainflow.servers import ServerError, stop_server, wait_http
+from trainflow.drills.servers import ServerError, stop_server, wait_http
 
 BUCKET = "trainflow-bench"
 SERVER_NICENESS = 19

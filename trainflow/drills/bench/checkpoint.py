@@ -43,8 +43,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from trainflow.bench.checkpoint_report import MB, render
-from trainflow.bench.s3_endpoint import SERVER_NICENESS, BenchError, s3_store
+from trainflow.drills.bench.checkpoint_report import MB, render
+from trainflow.drills.bench.s3_endpoint import SERVER_NICENESS, BenchError, s3_store
 from trainflow.checkpoint.location import S3Location
 
 __all__ = ["SERVER_NICENESS", "BenchError", "Options", "render", "run_benchmark"]

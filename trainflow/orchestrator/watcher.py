@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 from trainflow.backends import AttemptHandle, Launcher
 from trainflow.backends.abilities import DumpsStacks, ProbesNodes
-from trainflow.failures import AttemptResult, Outcome, classify_exit, rank_failures
-from trainflow.status import AttemptStatus, StatusServer
-from trainflow.attempt_metrics import AttemptMetrics
-from trainflow.step_metrics import MetricRows
-from trainflow.stragglers import StragglerWatch
+from trainflow.orchestrator.failures import AttemptResult, Outcome, classify_exit, rank_failures
+from trainflow.orchestrator.status import AttemptStatus, StatusServer
+from trainflow.orchestrator.attempt_metrics import AttemptMetrics
+from trainflow.orchestrator.step_metrics import MetricRows
+from trainflow.orchestrator.stragglers import StragglerWatch
 
 HANG_FLOOR_S = 30.0
 HANG_STEP_FACTOR = 20.0

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainflow.plots.render import LABEL_BOX, SEGMENT_COLOURS, new_figure, save_png
-from trainflow.plots.data import LOST, PRODUCTIVE
-from trainflow.usage import UsageReport
+from trainflow.reporting.plots.render import LABEL_BOX, SEGMENT_COLOURS, new_figure, save_png
+from trainflow.reporting.plots.data import LOST, PRODUCTIVE
+from trainflow.reporting.usage import UsageReport
 
 USEFUL_COLOUR = SEGMENT_COLOURS[PRODUCTIVE]
 WASTED_COLOUR = SEGMENT_COLOURS[LOST]

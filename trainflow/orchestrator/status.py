@@ -24,9 +24,9 @@ from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 
 from trainflow.contracts import WorkerMilestones
-from trainflow.rank_steps import StepReport, mean_over_ranks
-from trainflow.status_limits import ChannelLimits, LineReader, LineTooLong, PendingConnections
-from trainflow.status_messages import HELLO, Identity, Malformed, identity_of, parse_line
+from trainflow.orchestrator.rank_steps import StepReport, mean_over_ranks
+from trainflow.orchestrator.status_limits import ChannelLimits, LineReader, LineTooLong, PendingConnections
+from trainflow.orchestrator.status_messages import HELLO, Identity, Malformed, identity_of, parse_line
 
 log = logging.getLogger(__name__)
 
