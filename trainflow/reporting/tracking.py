@@ -6,8 +6,11 @@ safe and keeps tracking credentials out of worker processes.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunTag
@@ -56,10 +59,28 @@ def spec_params(spec: RunSpec) -> dict[str, str]:
     }
 
 
+@contextmanager
+def store_setup(uri: str) -> Iterator[None]:
+    """One process at a time sets up a SQLite store: two runs starting together on a new one would
+    both create its tables, and the second fails on what the first made."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    database = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(database.with_name(database.name + ".setup-lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 class Tracker:
     def __init__(self, uri: str):
         self.uri = uri
-        with signals_deferred():  # a new SQLite store creates its tables here: half of them breaks it for good
+        # a new SQLite store creates its tables here: half of them breaks it for good
+        with signals_deferred(), store_setup(uri):
             self.client = MlflowClient(tracking_uri=uri)
         self._lock = threading.Lock()
 
