@@ -17,59 +17,37 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import fsdp_tp_tax  # bench/, beside this script
 import soak_bench
 from bench_common import BIN, ROOT, last_json, steps_per_s
+from benchmarks_md import FIRST_PARTS, PARTS, ROUNDS, STEPS, render
+from trainflow.backends.ports import free_port
 from trainflow.drills.bench.checkpoint import SERVER_NICENESS
-from trainflow.contracts.recovery import PHASES as RECOVERY_PHASES
+from trainflow.drills.servers import ServerError, stop_server, wait_http
 
 SPEC = "examples/digits/spec.yaml"
-STEPS = 2000
-ROUNDS = 3
 EXTRA: list[str] = []  # extra --set overrides for the throughput run
 DRILLS = ["crash", "kill", "hang", "preempt", "node-loss", "straggler", "corrupt-checkpoint", "storage-outage"]
 DRILL_JOB = ["--set", "workload.steps=80", "--set", "checkpoint.every_steps=10", "--set",
              "fault_tolerance.heartbeat_timeout_s=5", "--no-compare-torchrun"]
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start(cmd: list[str], env: dict, health: str, log: Path, niceness: int = 0) -> subprocess.Popen:
-    out = open(log, "wb")
-    proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+    proc = subprocess.Popen(cmd, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True,
                             preexec_fn=(lambda: os.nice(niceness)) if niceness else None)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(health, timeout=2)
-            return proc
-        except OSError:
-            time.sleep(0.3)
-    stop(proc)
-    raise RuntimeError(f"{cmd[0]} did not come up; see {log}")
-
-
-def stop(proc: subprocess.Popen) -> None:
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(15)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        pass
+        wait_http(health, proc, timeout_s=120, log=log)
+    except ServerError:
+        stop_server(proc)
+        raise
+    return proc
 
 
 def bare_torchrun(home: Path) -> dict:
@@ -187,130 +165,6 @@ print(json.dumps({k: summary[k] for k in ("status", "goodput", "attempts", "cost
     }
 
 
-def markdown(results: dict) -> str:
-    tax, ck, faults = results["orchestration"], results["checkpoint"], results["three_faults"]
-    lines = [
-        "# Benchmarks",
-        "",
-        "Every figure below was produced by `make bench` (bench/run_benchmarks.py) on this machine; the",
-        f"sections up to Goodput in one run, {results['measured_at']}, the later ones each when its own section",
-        "says; the raw numbers are in bench/results.json.",
-        "",
-        "```", results["machine"].strip(), "```",
-        "",
-        f"## Orchestration tax (reference workload, {STEPS} steps, 2 ranks, gloo on CPU; {ROUNDS} interleaved "
-        "rounds: steps/s are medians of the runs, ratios the median of the rounds' ratios)",
-        "",
-        "| | bare torchrun | trainflow | ratio (target ≥ 0.95) |",
-        "|---|---|---|---|",
-        f"| training steps/s | {tax['bare']['steps_per_s']:.1f} | {tax['trainflow']['steps_per_s']:.1f} | "
-        f"{tax['throughput_ratio']:.3f} (rounds: {', '.join(f'{r:.3f}' for r in tax['throughput_ratio_per_round'])}) |",
-        f"| start-up to first step (s) | {tax['bare']['startup_s']:.2f} | {tax['trainflow']['startup_s']:.2f} | |",
-        f"| steps/s with a checkpoint every 50 steps | | {tax['trainflow_with_checkpoints']['steps_per_s']:.1f} | "
-        f"{tax['throughput_ratio_with_checkpoints']:.3f} (rounds: "
-        f"{', '.join(f'{r:.3f}' for r in tax['throughput_ratio_with_checkpoints_per_round'])}) |",
-        "",
-        "The first trainflow row checkpoints only at the last step, so it measures the orchestration itself "
-        "(heartbeats, progress reports, control points); the last row adds the reference spec's checkpoint "
-        "interval, a save to the node-local tier every 50 steps "
-        f"(every {50 / tax['trainflow_with_checkpoints']['steps_per_s']:.2f} s at this step rate), "
-        f"whose stall share of step time was {tax['trainflow_with_checkpoints']['checkpoint_share']:.1%} "
-        "(the background writes compete with training for this machine's 2 cores; see Checkpoints). "
-        f"torchrun's own worker restart, restoring nothing: {results['torchrun_restart_s']:.2f} s.",
-        "",
-        "## Drills (80 steps, checkpoint every 10, fault at step 30; the straggler: 600 steps, checkpoint every 100)"
-        + (f"; measured {results['drills_run']['measured_at']}, see Recovery" if "drills_run" in results else ""),
-        "",
-        "| fault | detected as | detection (s) | recovery (s) | recovery / torchrun | lost steps | exact resume | released |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for kind, report in results["drills"].items():
-        if "error" in report:
-            lines.append(f"| {kind} | error: {report['error'][:80]} | | | | | | |")
-            continue
-        ratio = (f"{report['recovery_s'] / drills_restart_s(results):.1f}x"
-                 if report["recovery_s"] is not None else "–")
-        lines.append(
-            f"| {kind} | {report['detected_kind']} | {report['detection_latency_s']} | {report['recovery_s']} | "
-            f"{ratio} | {report['lost_steps']} | {report['params_match_baseline']} | {report['resources_released']} |"
-        )
-    lines += recovery_table(results)
-    lines += ["", "## Checkpoints", ""]
-    if "error" in ck:
-        lines.append(f"not measured: {ck['error'][:300]}")
-    else:
-        lines += ["| figure | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in ck.items()]
-    lines += ["", "## Goodput with three injected faults (crash, preemption, SIGKILL; 240 steps)", ""]
-    if "error" in faults:
-        lines.append(f"not measured: {faults['error'][:300]}")
-    else:
-        lines += [
-            f"- outcomes: {', '.join(faults['outcomes'])}; final status {faults['status']}",
-            f"- goodput {faults['goodput']}; lost steps {faults['lost_steps']}; recovery times {faults['recovery_s']} s",
-            f"- device-hours {faults['device_hours']}, of which wasted {faults['wasted_device_hours']}",
-        ]
-    return "\n".join(lines + [""])
-
-
-def drills_restart_s(results: dict) -> float:
-    """torchrun's restart measured with the drills; an older results file has only the orchestration's."""
-    return results.get("drills_run", {}).get("torchrun_restart_s", results["torchrun_restart_s"])
-
-
-def failed_drills(drills: dict) -> list[str]:
-    failed = [kind for kind, report in drills.items() if not report.get("passed")]
-    return [f"Drills that did not pass in this run: {', '.join(failed)} (their figures are in the table above).",
-            ""] if failed else []
-
-
-def recovery_table(results: dict) -> list[str]:
-    """Per fault kind: trainflow's recovery beside torchrun's own restart of the same run, and where
-    the recovery went (contracts/recovery.py)."""
-    restart, run = drills_restart_s(results), results.get("drills_run")
-    when = (f"Measured {run['measured_at']} with the drills above, under a 1-minute load average of "
-            f"{run['load_before']:.1f} before and {run['load_after']:.1f} after (other processes sharing this "
-            "machine's cores; figures under load are slower than on a quiet machine). ") if run else ""
-    lines = ["", "## Recovery against torchrun's own restart (detection to the first new step, state restored)", "",
-             f"{when}torchrun's stateless worker restart in the same run: {restart:.2f} s. Phases in seconds, each to the "
-             "slowest rank's point: stop (the failed attempt ended), between attempts (release, classify, record, "
-             "back-off, launch task), launch (to the workers' interpreter start), imports (to "
-             "`trainflow.runtime.init()`), rendezvous (process group joined), restore, first step.", "",
-             *failed_drills(results["drills"]),
-             "| fault | recovery (s) | torchrun restart (s) | ratio | stop | between | launch | imports | rendezvous "
-             "| restore | first step |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for kind, report in results["drills"].items():
-        phases = report.get("recovery_phases")
-        if "error" in report or report.get("recovery_s") is None or not phases:
-            continue
-        cells = " | ".join("–" if phases.get(name) is None else f"{phases[name]:.2f}" for name in RECOVERY_PHASES)
-        lines.append(f"| {kind} | {report['recovery_s']:.2f} | {restart:.2f} | {report['recovery_s'] / restart:.1f}x "
-                     f"| {cells} |")
-    return lines
-
-
-FIRST_PARTS = ("orchestration", "drills", "checkpoint", "three_faults")
-PARTS = (*FIRST_PARTS, "soak", "fsdp_tp")
-
-
-def render(results: dict) -> str:
-    """BENCHMARKS.md from whatever parts bench/results.json holds, each section with its own figures."""
-    if all(part in results for part in FIRST_PARTS):
-        text = markdown(results)
-    else:
-        text = "\n".join(["# Benchmarks", "", "Produced by `make bench` (bench/run_benchmarks.py); the raw numbers "
-                          "are in bench/results.json.", "", "```", results["machine"].strip(), "```", ""])
-    extra = []
-    if "soak" in results:
-        extra += soak_bench.markdown(results["soak"])
-    if "fsdp_tp" in results:
-        extra += fsdp_tp_tax.markdown(results["fsdp_tp"])
-    commands = ["Commands: `make bench` (everything), `python bench/run_benchmarks.py --only soak,fsdp_tp` (some "
-                f"parts of {', '.join(PARTS)}; the others' figures are kept), `trainflow drill SPEC --fault KIND "
-                "--json`, `trainflow soak SPEC --faults N --load --json`, `trainflow bench checkpoint --json`.", ""]
-    return text + "\n" + "\n".join(extra + commands)
-
-
 def chosen_parts(argv: list[str]) -> list[str]:
     if not argv:
         return list(PARTS)
@@ -383,8 +237,8 @@ def main(parts: list[str]) -> None:
                     results["measured_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
                 write(results)  # each part as soon as it is measured: a later one failing keeps it
         finally:
-            stop(prefect)
-            stop(s3)
+            stop_server(prefect)
+            stop_server(s3)
     headline = {"orchestration": lambda r: r["throughput_ratio"], "fsdp_tp": lambda r: r.get("throughput_ratio"),
                 "drills": lambda r: sum(1 for d in r.values() if d.get("passed")),
                 "soak": lambda r: {name: r[name].get("passed") for name in ("main", "storage")}}
