@@ -23,7 +23,7 @@ from trainflow.backends.abilities import CutsNodes, PreemptsNodes, SignalsRanks
 from trainflow.checkpoint.catalog import list_committed
 from trainflow.checkpoint.storage import open_storage
 from trainflow.orchestrator.status import StatusServer
-from trainflow.drills.storage_proxy import StorageProxy
+from trainflow.drills.storage_proxy import relay_on
 from trainflow.worker_config import fault_gate_path, gate_arrival_path
 
 
@@ -199,7 +199,7 @@ def _inject(plan: FaultPlan, launcher: Launcher, handle: AttemptHandle, channel:
         record.injected_at = time.time()
         record.target = f"node {node} ({launcher.cut_node(allocation, handle.slots[node], plan.permanent)})"
     elif kind == FaultKind.storage_outage:
-        proxy = StorageProxy.active.get(plan.proxy_port)
+        proxy = relay_on(plan.proxy_port)
         if proxy is None:
             raise RuntimeError("storage-outage needs the drill's storage proxy")
         record.target = f"storage endpoint behind 127.0.0.1:{plan.proxy_port}"

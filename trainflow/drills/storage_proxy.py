@@ -8,12 +8,18 @@ import threading
 import time
 
 
+def relay_on(port: int | None) -> StorageProxy | None:
+    """The open relay listening on `port` in this process: a fault plan names its relay by port."""
+    return _open_relays.get(port) if port is not None else None
+
+
+_open_relays: dict[int, StorageProxy] = {}
+
+
 class StorageProxy:
     """A TCP relay in front of the storage endpoint. `outage()` makes it unreachable for a while:
     every connection is dropped and new ones refused, or (`stall`) every request waits unanswered
     until the outage is over, as an endpoint that stops answering."""
-
-    active: dict[int, StorageProxy] = {}
 
     def __init__(self, upstream_host: str, upstream_port: int):
         self.upstream = (upstream_host, upstream_port)
@@ -27,7 +33,7 @@ class StorageProxy:
         self._lock = threading.Lock()
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
-        StorageProxy.active[self.port] = self
+        _open_relays[self.port] = self
 
     def outage(self, duration_s: float, stall: bool = False) -> None:
         self._down_until = time.monotonic() + duration_s
@@ -51,7 +57,7 @@ class StorageProxy:
     def close(self) -> None:
         self._closed = True
         self.end_outage()
-        StorageProxy.active.pop(self.port, None)
+        _open_relays.pop(self.port, None)
         _close(self._listener)
         with self._lock:
             for sock in list(self._sockets):

@@ -15,7 +15,7 @@ import re
 import signal
 from dataclasses import dataclass
 
-from trainflow import exit_codes
+from trainflow.contracts import exit_codes
 from trainflow.backends.base import NodeExit
 from trainflow.contracts import Outcome
 
