@@ -219,6 +219,18 @@ def test_a_script_that_never_reports_is_a_hang_at_start_up_not_infra(channel):
                      startup_timeout_s=0.3).run(poll_s=0.05)
     assert result.outcome == Outcome.HUNG
     assert "fault_tolerance.startup_timeout_s" in result.reason
+    assert "nodes_seen" not in result.evidence  # this backend cannot say more
+
+
+def test_a_start_up_timeout_carries_what_the_backend_sees_of_each_node(channel):
+    class Describing(StandInLauncher):
+        def describe(self, handle):
+            return {"waiting": {0: "ImagePullBackOff"}, "nodes": {0: "", 1: ""}}
+
+    result = watcher(channel, Describing(2), heartbeat_timeout_s=5, hang_timeout_s=30,
+                     startup_timeout_s=0.3).run(poll_s=0.05)
+    assert result.outcome == Outcome.HUNG
+    assert result.evidence["nodes_seen"]["waiting"] == {0: "ImagePullBackOff"}
 
 
 def test_a_plain_script_is_watched_by_its_exits_only(channel):

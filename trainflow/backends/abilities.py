@@ -43,6 +43,14 @@ class ProbesNodes(Protocol):
 
 
 @runtime_checkable
+class DescribesNodes(Protocol):
+    """Can say what each node of an attempt is doing as the backend sees it (a pod waiting for its
+    image, say): evidence when no worker reports in time."""
+
+    def describe(self, handle: AttemptHandle) -> dict: ...
+
+
+@runtime_checkable
 class DumpsStacks(Protocol):
     """Can read the Python stacks of a hung attempt's ranks."""
 

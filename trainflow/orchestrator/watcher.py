@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainflow.backends import AttemptHandle, Launcher
-from trainflow.backends.abilities import DumpsStacks, ProbesNodes
+from trainflow.backends.abilities import DescribesNodes, DumpsStacks, ProbesNodes
 from trainflow.orchestrator.failures import AttemptResult, Outcome, classify_exit, rank_failures
 from trainflow.orchestrator.status import AttemptStatus, StatusServer
 from trainflow.orchestrator.attempt_metrics import AttemptMetrics
@@ -119,7 +119,10 @@ class AttemptWatcher:
             if now - self.handle.started_at > self.limits.startup_timeout_s:
                 reason = (f"no worker reported within fault_tolerance.startup_timeout_s "
                           f"({self.limits.startup_timeout_s:g}s) of launch")
-                return self._hung(reason, status, now, None, {"startup_timeout_s": self.limits.startup_timeout_s})
+                evidence = {"startup_timeout_s": self.limits.startup_timeout_s}
+                if isinstance(self.launcher, DescribesNodes):  # why nothing started, as the backend sees it
+                    evidence["nodes_seen"] = self.launcher.describe(self.handle)
+                return self._hung(reason, status, now, None, evidence)
             return None
 
         self._watch_stragglers(status)
