@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from contextlib import contextmanager
 
 import typer
@@ -72,8 +73,12 @@ def _prefect_api():
         yield
         return
     server = TemporaryServer()
+    # MLflow's import (a second or more) overlaps the server's start-up, which would otherwise only be waited for
+    importing = threading.Thread(target=_import_tracking, name="import-tracking", daemon=True)
+    importing.start()
     try:
         server.start(startup_timeout_s())
+        importing.join()
     except ServerError as exc:
         typer.echo(f"trainflow: {exc}", err=True)
         raise typer.Exit(EXIT_FAILED) from None
@@ -90,6 +95,13 @@ def _prefect_api():
         os.environ.pop("PREFECT_API_URL", None)
         os.environ.pop(TEMPORARY_SERVER_ENV, None)
         server.stop()
+
+
+def _import_tracking() -> None:
+    try:
+        import trainflow.reporting.tracking  # noqa: F401 - imported for the flow, which needs it next
+    except Exception:  # noqa: BLE001 - the flow's own import says what is wrong
+        pass
 
 
 def _drain_prefect_workers() -> None:
