@@ -1,7 +1,7 @@
 """snapshot_checkpoint: verify a snapshot the workers committed, record it, apply retention.
 
 The workers upload their own shards and rank 0 commits the manifest (see
-trainflow/runtime/checkpointing.py); each commit, failed snapshot, or checkpoint rejected at restore
+trainflow/runtime/publish.py); each commit, failed snapshot, or checkpoint rejected at restore
 arrives here as one "checkpoint" event. Retention and the clean-up of interrupted uploads run here,
 in the orchestrator, never on the training path.
 """
