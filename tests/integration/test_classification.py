@@ -55,7 +55,7 @@ def test_a_plain_torchrun_script_succeeds_and_says_what_is_off(cli_env):
     result = run_cli(["run", SPEC, *PLAIN, "--set", "workload.args=[]", "--json"], cli_env)
     assert result.returncode == 0, result.stderr[-4000:]
     summary = summary_of(result)
-    assert [a["outcome"] for a in summary["attempts"]] == ["SUCCEEDED"]
+    assert [a["outcome"] for a in summary["attempts"]] == ["SUCCEEDED"], [a["reason"] for a in summary["attempts"]]
     assert "checkpoints" in summary["features_off"] and "hang_detection" in summary["features_off"]
     tags = MlflowClient(summary["tracking_uri"]).get_run(summary["mlflow_run_id"]).data.tags
     assert tags["workload_mode"] == "plain" and "progress" in tags["features_off"]
@@ -74,7 +74,8 @@ def test_a_slow_starting_plain_script_is_not_killed(cli_env):
     result = run_cli(["run", SPEC, *PLAIN, "--set", "workload.args=[--sleep-before-init, '6']",
                       "--set", "fault_tolerance.startup_timeout_s=2", "--json"], cli_env)
     assert result.returncode == 0, result.stderr[-4000:]
-    assert [a["outcome"] for a in summary_of(result)["attempts"]] == ["SUCCEEDED"]
+    attempts = summary_of(result)["attempts"]
+    assert [a["outcome"] for a in attempts] == ["SUCCEEDED"], [a["reason"] for a in attempts]
 
 
 def test_a_short_soak_detects_every_fault_as_its_own_kind(cli_env):

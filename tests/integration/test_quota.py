@@ -90,7 +90,7 @@ def finished(proc: subprocess.Popen) -> tuple[int, dict | None, str]:
 def quota_task_times(api: str, flow_run_id: str) -> tuple[str, str]:
     """(end of `wait-for-quota`, start of `release-quota`) of one flow run, from the Prefect server."""
     runs = api_json(api, "POST", "/task_runs/filter", {"task_runs": {"flow_run_id": {"any_": [flow_run_id]}}})
-    by_name = {run["name"].rsplit("-", 1)[0]: run for run in runs}
+    by_name = {run["name"]: run for run in runs}  # task runs are named after their stage
     return by_name["wait-for-quota"]["end_time"], by_name["release-quota"]["start_time"]
 
 
