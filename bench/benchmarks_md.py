@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import fsdp_tp_tax  # bench/, beside this module
+import reference_goodput
 import soak_bench
 from trainflow.contracts.recovery import PHASES as RECOVERY_PHASES
 
 STEPS = 2000  # the orchestration tax's run length
 ROUNDS = 3  # and its interleaved rounds
-FIRST_PARTS = ("orchestration", "drills", "checkpoint", "three_faults")
-PARTS = (*FIRST_PARTS, "soak", "fsdp_tp")
+FIRST_PARTS = ("orchestration", "drills", "checkpoint")
+PARTS = (*FIRST_PARTS, "reference_goodput", "soak", "fsdp_tp")
 
 
 def markdown(results: dict) -> str:
-    tax, ck, faults = results["orchestration"], results["checkpoint"], results["three_faults"]
+    tax, ck = results["orchestration"], results["checkpoint"]
     lines = [
         "# Benchmarks",
         "",
         "Every figure below was produced by `make bench` (bench/run_benchmarks.py) on this machine; the",
-        f"sections up to Goodput in one run, {results['measured_at']}, the later ones each when its own section",
+        f"sections up to Checkpoints in one run, {results['measured_at']}, the later ones each when its own section",
         "says; the raw numbers are in bench/results.json.",
         "",
         "```", results["machine"].strip(), "```",
@@ -65,15 +66,6 @@ def markdown(results: dict) -> str:
         lines.append(f"not measured: {ck['error'][:300]}")
     else:
         lines += ["| figure | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in ck.items()]
-    lines += ["", "## Goodput with three injected faults (crash, preemption, SIGKILL; 240 steps)", ""]
-    if "error" in faults:
-        lines.append(f"not measured: {faults['error'][:300]}")
-    else:
-        lines += [
-            f"- outcomes: {', '.join(faults['outcomes'])}; final status {faults['status']}",
-            f"- goodput {faults['goodput']}; lost steps {faults['lost_steps']}; recovery times {faults['recovery_s']} s",
-            f"- device-hours {faults['device_hours']}, of which wasted {faults['wasted_device_hours']}",
-        ]
     return "\n".join(lines + [""])
 
 
@@ -122,6 +114,8 @@ def render(results: dict) -> str:
         text = "\n".join(["# Benchmarks", "", "Produced by `make bench` (bench/run_benchmarks.py); the raw numbers "
                           "are in bench/results.json.", "", "```", results["machine"].strip(), "```", ""])
     extra = []
+    if "reference_goodput" in results:
+        extra += reference_goodput.markdown(results["reference_goodput"])
     if "soak" in results:
         extra += soak_bench.markdown(results["soak"])
     if "fsdp_tp" in results:

@@ -5,7 +5,7 @@ machine. Writes bench/results.json and BENCHMARKS.md; every figure in them comes
   torchrun, and the start-up time until the first step of each
 - drills: detection latency and recovery time per fault kind, next to torchrun's own restart
 - checkpoints: `trainflow bench checkpoint` (stalls, tier throughput against raw boto3)
-- goodput over one run with three injected faults
+- goodput on the reference drill: ~3 minutes of ~50-100 ms steps with three faults (bench/reference_goodput.py)
 - soak: >= 30 faults of every kind with the CPU loaded (bench/soak_bench.py)
 - the FSDP2 + TP example's orchestration tax (bench/fsdp_tp_tax.py)
 
@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import fsdp_tp_tax  # bench/, beside this script
+import reference_goodput
 import soak_bench
 from bench_common import BIN, ROOT, last_json, steps_per_s
 from benchmarks_md import FIRST_PARTS, PARTS, ROUNDS, STEPS, render
@@ -135,36 +136,6 @@ def checkpoint_bench(env: dict) -> dict:
         return {"error": str(exc)[-500:]}
 
 
-def three_faults(env: dict) -> dict:
-    """One run, three faults in three attempts: crash, preemption, SIGKILL."""
-    script = """
-import json, os, sys
-from flows.lifecycle import faulted_lifecycle
-from trainflow.drills.chaos import FaultPlan
-from trainflow.spec import load_spec
-spec = load_spec("examples/digits/spec.yaml", ["workload.steps=240", "checkpoint.every_steps=20"])
-plans = [FaultPlan(kind="crash", at_step=50, attempt=1), FaultPlan(kind="preempt", at_step=110, attempt=2),
-         FaultPlan(kind="kill", at_step=170, attempt=3)]
-summary = faulted_lifecycle(spec, plans, return_state=True).result(raise_on_failure=False)
-print(json.dumps({k: summary[k] for k in ("status", "goodput", "attempts", "costs", "final_step")}, default=str))
-"""
-    result = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True,
-                            timeout=900)
-    lines = result.stdout.strip().splitlines()
-    if not lines:
-        return {"error": result.stderr[-2000:]}
-    summary = json.loads(lines[-1])
-    return {
-        "status": summary["status"],
-        "goodput": summary["goodput"],
-        "outcomes": [a["outcome"] for a in summary["attempts"]],
-        "lost_steps": sum(a["lost_steps"] for a in summary["attempts"]),
-        "recovery_s": [a["recovery_s"] for a in summary["attempts"][1:]],
-        "wasted_device_hours": summary["costs"]["wasted_device_hours"],
-        "device_hours": summary["costs"]["device_hours"],
-    }
-
-
 def chosen_parts(argv: list[str]) -> list[str]:
     if not argv:
         return list(PARTS)
@@ -190,6 +161,7 @@ def main(parts: list[str]) -> None:
     from trainflow.repro.topology import describe_topology
 
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}  # the parts not rerun are kept
+    results.pop("three_faults", None)  # replaced by reference_goodput
     results["machine"] = describe_topology()
 
     with tempfile.TemporaryDirectory(prefix="trainflow-bench-") as folder:
@@ -215,7 +187,7 @@ def main(parts: list[str]) -> None:
                 "orchestration": lambda: orchestration(home, env),
                 "drills": lambda: drills(env),
                 "checkpoint": lambda: checkpoint_bench(env),
-                "three_faults": lambda: three_faults(env),
+                "reference_goodput": lambda: reference_goodput.reference_goodput(env),
                 "soak": lambda: soak_bench.soak(env),
                 "fsdp_tp": lambda: fsdp_tp_tax.fsdp_tp(home, env),
             }
@@ -241,6 +213,7 @@ def main(parts: list[str]) -> None:
             stop_server(s3)
     headline = {"orchestration": lambda r: r["throughput_ratio"], "fsdp_tp": lambda r: r.get("throughput_ratio"),
                 "drills": lambda r: sum(1 for d in r.values() if d.get("passed")),
+                "reference_goodput": lambda r: r.get("goodput"),
                 "soak": lambda r: {name: r[name].get("passed") for name in ("main", "storage")}}
     print(json.dumps({part: headline.get(part, lambda r: "measured")(results[part]) for part in parts}, default=str))
 

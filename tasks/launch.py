@@ -91,8 +91,8 @@ def launch_attempt(
     resumed_from_step = restore_from.step if restore_from else 0
     # the node folder goes at teardown: point at where the logs are kept
     get_run_logger().info(
-        "attempt %d: %d node(s) started from step %d; its logs are kept in MLflow run %s, nested run %s-attempt-%d "
-        "(artifacts logs/), once it ends",
-        attempt, handle.nodes, resumed_from_step, record.mlflow_run_id, record.run_id, attempt,
+        "attempt %d: %d node(s) started (%d warm) from step %d; its logs are kept in MLflow run %s, nested run "
+        "%s-attempt-%d (artifacts logs/), once it ends",
+        attempt, handle.nodes, handle.warm_nodes, resumed_from_step, record.mlflow_run_id, record.run_id, attempt,
     )
     return Launched(ready, spec, handle, resumed_from_step)

@@ -64,8 +64,9 @@ def teardown(
             parts.channel.close()
     if report["clean"]:
         logger.info(
-            "teardown: %d process(es) stopped, ports %s released, %d path(s) removed",
-            report["stopped_processes"], report["released_ports"], len(report["removed_paths"]),
+            "teardown: %d process(es) stopped, %d standby interpreter(s) released, ports %s released, "
+            "%d path(s) removed", report["stopped_processes"], report.get("released_standbys", 0),
+            report["released_ports"], len(report["removed_paths"]),
         )
     else:
         logger.error("teardown left survivors: %s", "; ".join(report["survivors"]))

@@ -23,10 +23,13 @@ EXITING = [
 
 def test_worker_exiting_nonzero_fails_the_run_and_releases_everything(cli_env, s3):
     uri = unique_prefix()
+    # without warm workers: every node's agent and ranks are interpreters of their own
     result = run_cli(["run", SPEC, *EXITING, "--set", "fault_tolerance.max_restarts=0",
-                      "--set", f"checkpoint.uri={uri}", "--json"], cli_env)
+                      "--set", "resources.warm_workers=false", "--set", f"checkpoint.uri={uri}", "--json"], cli_env)
     assert result.returncode == 1, result.stderr[-4000:]
+    assert "2 node(s) started (0 warm)" in result.stdout + result.stderr
     summary = summary_of(result)
+    assert summary["teardown"]["released_standbys"] == 0
     assert summary["status"] == "failed"
     assert [a["outcome"] for a in summary["attempts"]] == ["CRASHED"]
     assert "exited with code" in summary["reason"] and "budget" in summary["reason"]

@@ -118,7 +118,13 @@ def test_teardown_leaves_nothing_behind(first_run):
     summary = first_run["summary"]
     assert summary["teardown"]["clean"] is True
     assert summary["teardown"]["released_ports"]
+    assert summary["teardown"]["released_standbys"] == 2  # each node's warm standby interpreter
     assert job_processes(summary["run_id"]) == []
+
+
+def test_every_node_starts_warm(first_run):
+    result = first_run["result"]
+    assert "attempt 1: 2 node(s) started (2 warm) from step 0" in result.stdout + result.stderr
 
 
 def test_resume_continues_from_last_committed_step_and_matches_an_uninterrupted_run(first_run, tmp_path):

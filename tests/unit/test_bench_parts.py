@@ -38,3 +38,18 @@ def test_benchmarks_md_renders_the_new_parts_without_the_others():
     assert "not soaked here: straggler" in text and "not measured: moto did not start" in text
     assert "FSDP2 + TP" in text and "the run failed" in text
     assert "## Orchestration tax (reference workload" not in text  # not measured, not invented
+
+
+def test_the_reference_goodput_section_gives_the_goodput_against_its_target():
+    import reference_goodput
+
+    figures = {"status": "succeeded", "goodput": 0.9312, "target": 0.9, "met": True, "faults": [["crash", 600]],
+               "outcomes": ["CRASHED", "SUCCEEDED"], "steps": 2400, "hidden": 1024, "global_batch": 512,
+               "checkpoint_every_steps": 50, "mean_step_time_s": 0.071, "wall_s": 190.0, "productive_s": 176.9,
+               "lost_steps": 20, "lost_work_s": 1.4, "detection_s_total": 0.1, "recovery_s_total": 1.2,
+               "checkpoint_stall_total_s": 0.5, "other_s": 9.9, "recovery_s": [1.2], "device_hours": 0.1,
+               "wasted_device_hours": 0.001}
+    text = "\n".join(reference_goodput.markdown(figures))
+    assert "| goodput (target ≥ 0.90) | 0.931 (met) |" in text
+    assert "(71 ms steps here)" in text and "every 3.5 s" in text
+    assert "not measured" in "\n".join(reference_goodput.markdown({"error": "boom"}))

@@ -17,6 +17,10 @@ import traceback
 def main() -> None:
     from torch.distributed.run import main as torchrun
 
+    from trainflow.backends.quick_rendezvous import install_from_environment
+
+    install_from_environment()
+
     code = 0
     try:
         torchrun()

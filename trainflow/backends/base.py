@@ -50,6 +50,7 @@ class AttemptHandle:
     slots: list[int] = field(default_factory=list)  # the node slot each node of this attempt runs in
     workers: dict[int, list] = field(default_factory=dict)  # backend's view of each node's worker processes
     pause_at_step: int | None = None  # drills: every rank waits at this step until the fault is in
+    warm_nodes: int = 0  # nodes whose agent and ranks a standby interpreter forked (warm workers)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class NodeExit:
 @dataclass
 class ReleaseReport:
     stopped_processes: int = 0
+    released_standbys: int = 0  # warm workers' standby interpreters (one per node slot) ended
     released_ports: list[int] = field(default_factory=list)
     removed_paths: list[str] = field(default_factory=list)
     survivors: list[str] = field(default_factory=list)
@@ -103,6 +105,7 @@ class ReleaseReport:
     def as_dict(self) -> dict:
         return {
             "stopped_processes": self.stopped_processes,
+            "released_standbys": self.released_standbys,
             "released_ports": self.released_ports,
             "removed_paths": self.removed_paths,
             "survivors": self.survivors,

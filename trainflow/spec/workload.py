@@ -30,6 +30,11 @@ class Workload(Section):
         description="Names of environment variables of the orchestrator handed to every worker at launch; "
         "only the names are recorded, never the values.",
     )
+    preload: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]] = Field(
+        default_factory=list, title="Preload",
+        description="Modules warm workers import ahead, besides torch, the runtime and the installed packages "
+        "the script imports at its top level (found by reading it).",
+    )
     steps: Annotated[int, Field(gt=0)] = Field(
         default=100, title="Steps", description="Total number of training steps of the job."
     )

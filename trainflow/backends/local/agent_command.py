@@ -8,6 +8,7 @@ from pathlib import Path
 
 from trainflow.backends.base import AttemptPlan
 from trainflow.backends.local.allocation import LocalAllocation
+from trainflow.backends.quick_rendezvous import POLL_ENV, poll_interval_s
 from trainflow.backends.worker import secret_environment
 from trainflow.worker_config import CONFIG_ENV, JOB_ENV
 
@@ -21,11 +22,19 @@ def torchrun_log_dir(attempt_dir: Path, node: int) -> Path:
 
 def agent_command(spec, allocation: LocalAllocation, plan: AttemptPlan, node: int, slot: int,
                   attempt_dir: Path) -> list[str]:
+    """The agent as a new interpreter, in its node's network."""
+    command = [sys.executable, "-m", "trainflow.backends.agent",
+               *torchrun_arguments(spec, allocation, plan, node, slot, attempt_dir)]
+    network = allocation.network
+    return network.wrap(command, slot) if network else command
+
+
+def torchrun_arguments(spec, allocation: LocalAllocation, plan: AttemptPlan, node: int, slot: int,
+                       attempt_dir: Path) -> list[str]:
     network = allocation.network
     store_host = network.node_address(allocation.slots[0]) if network else LOOPBACK
     own_address = network.node_address(slot) if network else LOOPBACK
-    command = [
-        sys.executable, "-m", "trainflow.backends.agent",
+    return [
         "--nnodes", str(spec.resources.nodes),
         "--nproc-per-node", str(spec.resources.procs_per_node),
         "--rdzv-backend", "c10d",
@@ -40,7 +49,6 @@ def agent_command(spec, allocation: LocalAllocation, plan: AttemptPlan, node: in
         "--redirects", "2", "--tee", "2",
         spec.workload.entrypoint, *spec.workload.args,
     ]
-    return network.wrap(command, slot) if network else command
 
 
 def agent_environment(spec, allocation: LocalAllocation, node: int, config_path: Path) -> dict[str, str]:
@@ -51,6 +59,7 @@ def agent_environment(spec, allocation: LocalAllocation, node: int, config_path:
             CONFIG_ENV: str(config_path),
             JOB_ENV: allocation.run_id,
             "PYTHONUNBUFFERED": "1",
+            POLL_ENV: str(poll_interval_s(spec.resources.nodes)),
             "OMP_NUM_THREADS": str(max(1, int(spec.resources.cpu // spec.resources.procs_per_node))),
         }
     )

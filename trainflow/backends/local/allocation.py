@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from trainflow.backends.base import Allocation
 from trainflow.backends.netns import NodeNetwork
@@ -13,6 +14,7 @@ class LocalAllocation(Allocation):
     network: NodeNetwork | None = None  # one network namespace per node (resources.network: namespaces)
     sessions: list[int] = field(default_factory=list)  # every attempt's agent sessions, ended at release
     unrecoverable: set[int] = field(default_factory=set)  # node slots that must not come back (drills)
+    warm_pools: dict[int, Any] = field(default_factory=dict)  # node slot -> its zygote (warm_pools.WarmPool)
 
     def network_record(self) -> dict | None:
         return self.network.record() if self.network is not None else None

@@ -28,6 +28,13 @@ class LocalConfig(BackendConfig):
         title="Local network",
         description="Local backend: all nodes on loopback, or each in its own network namespace (root; node-loss drills).",
     )
+    warm_workers: bool = Field(
+        default=True,
+        title="Warm workers",
+        description="Local backend: each node keeps a standby interpreter that has imported torch, the runtime "
+        "and the script's installed modules, and forks every attempt's agent and ranks (a recovery then "
+        "starts no new interpreter). false: every attempt starts new interpreters.",
+    )
 
     def for_node_loss(self) -> LocalConfig:
         return self.model_copy(update={"network": LocalNetwork.namespaces})

@@ -15,10 +15,17 @@ import psutil
 
 from trainflow.backends import register
 from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, NodeExit, RankExit, ReleaseReport
-from trainflow.backends.local.agent_command import LOOPBACK, agent_command, agent_environment, torchrun_log_dir
+from trainflow.backends.local.agent_command import (
+    LOOPBACK,
+    agent_command,
+    agent_environment,
+    torchrun_arguments,
+    torchrun_log_dir,
+)
 from trainflow.backends.local.allocation import LocalAllocation
 from trainflow.backends.local.config import LocalNetwork, local_config
 from trainflow.backends.local.observe import alive, node_state, node_workers, rank_stacks, session_members
+from trainflow.backends.local.warm_pools import start_pools
 from trainflow.backends.netns import NetworkError, NodeNetwork, cut_node_link
 from trainflow.backends.parent_death import ending_with_this_process
 from trainflow.backends.ports import free_port, is_listening
@@ -66,6 +73,11 @@ class LocalLauncher:
                 raise ProvisionError(f"resources.network: {exc}") from None
             allocation.network = network
             allocation.status_host = network.host_address
+        if local_config(spec).warm_workers:
+            network = allocation.network
+            env = agent_environment(spec, allocation, 0, Path(os.devnull))
+            allocation.warm_pools = start_pools(spec, allocation.slots, scratch, env,
+                                                network.wrap if network else lambda command, _slot: command)
         return allocation
 
     @staticmethod
@@ -86,10 +98,15 @@ class LocalLauncher:
             config = worker_config(spec, allocation.run_id, plan, node, node_scratch)
             config_path = config.write(attempt_dir / f"node-{node}.json")
             log_path = attempt_dir / f"node-{node}.log"
+            env = agent_environment(spec, allocation, node, config_path)
+            pool = allocation.warm_pools.get(slot)
             with open(open_private(log_path, append=True), "ab") as log:
-                handle.processes[node] = subprocess.Popen(
+                warm = pool.start_agent(torchrun_arguments(spec, allocation, plan, node, slot, attempt_dir), env,
+                                        log.fileno()) if pool else None
+                handle.warm_nodes += warm is not None
+                handle.processes[node] = warm or subprocess.Popen(
                     ending_with_this_process(agent_command(spec, allocation, plan, node, slot, attempt_dir)),
-                    env=agent_environment(spec, allocation, node, config_path),
+                    env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -105,7 +122,7 @@ class LocalLauncher:
         exits = []
         for node, proc in sorted(handle.processes.items()):
             code = proc.poll()
-            lost = code is None and any(not alive(w) for w in node_workers(handle, node, proc.pid))
+            lost = code is None and any(not alive(w) for w in node_workers(handle, node, proc))
             worker_code = root_cause_exitcode(handle.logs[node]) if code not in (None, 0) else None
             ranks = self._failed_ranks(handle, node) if code not in (None, 0) else ()
             exits.append(NodeExit(node, code, workers_lost=lost, worker_returncode=worker_code, ranks=ranks))
@@ -177,6 +194,7 @@ class LocalLauncher:
         for session in allocation.sessions:
             signal_session(session, signal.SIGCONT)
             signal_session(session, signal.SIGKILL)
+        report.released_standbys = sum(pool.close() for pool in allocation.warm_pools.values())
         leftovers = job_processes(allocation.run_id)
         report.stopped_processes = terminate(leftovers, grace_s=2.0) if leftovers else 0
         report.survivors = [describe(p) for p in wait_until_gone(allocation.run_id, timeout_s=5.0)]

@@ -18,15 +18,25 @@ def alive(proc: psutil.Process) -> bool:
         return False
 
 
-def node_workers(handle: AttemptHandle, node: int, agent_pid: int) -> list[psutil.Process]:
+def agent_workers(agent, recursive: bool = False) -> list[psutil.Process]:
+    """An agent's ranks (and with `recursive` their own children): the agent's children, or the
+    processes its node's zygote forked for it (warm workers)."""
+    forked = getattr(agent, "forked_workers", None)
+    try:
+        if forked is None:
+            return psutil.Process(agent.pid).children(recursive=recursive)
+        ranks = [psutil.Process(pid) for pid in forked]
+        return ranks + [c for rank in ranks for c in rank.children(recursive=True)] if recursive else ranks
+    except psutil.Error:
+        return []
+
+
+def node_workers(handle: AttemptHandle, node: int, agent) -> list[psutil.Process]:
     """The node's worker processes once its agent has started all of them (none before), remembered
     on the handle so a worker that dies is still known."""
     known = handle.workers.get(node, [])
     if len(known) < handle.procs_per_node:
-        try:
-            known = [c for c in psutil.Process(agent_pid).children() if alive(c)]
-        except psutil.Error:
-            known = []
+        known = [c for c in agent_workers(agent) if alive(c)]
         handle.workers[node] = known
     return known if len(known) == handle.procs_per_node else []
 
@@ -50,7 +60,7 @@ def node_state(handle: AttemptHandle, node: int) -> str:
         return "gone"
     try:
         leader = psutil.Process(agent.pid)
-        workers = leader.children(recursive=True)
+        workers = agent_workers(agent, recursive=True)
         if leader.status() == psutil.STATUS_STOPPED:
             return "node-stopped"
         if any(w.status() == psutil.STATUS_STOPPED for w in workers):

@@ -23,6 +23,7 @@ from trainflow.backends import register
 from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, NodeExit, ReleaseReport
 from trainflow.backends.netns import cut_node_link
 from trainflow.backends.processes import describe, job_processes
+from trainflow.backends.quick_rendezvous import POLL_ENV, poll_interval_s
 from trainflow.backends.slurm import commands
 from trainflow.backends.slurm.allocation import SlurmAllocation, SlurmAttempt
 from trainflow.backends.slurm.batch import batch_script, job_name, sbatch_command
@@ -152,6 +153,7 @@ class SlurmLauncher:
             "PYTHONUNBUFFERED": "1",
             "OMP_NUM_THREADS": str(max(1, int(spec.resources.cpu // spec.resources.procs_per_node))),
             "PYTHONPATH": os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p),
+            POLL_ENV: str(poll_interval_s(spec.resources.nodes)),
         })
         env.setdefault("TORCH_CPP_LOG_LEVEL", "INFO")
         return env

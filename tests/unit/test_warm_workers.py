@@ -1,0 +1,162 @@
+"""A node's zygote (backends/warm): a forked rank runs its script as `python -u script ARGS` would,
+with its own argv, environment, directory, stdio, exit status and random seeds; commands it cannot
+fork are refused; its end ends its children; a module that starts a thread makes it unfit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from trainflow.backends.warm.child import WORKER, NotForkable
+from trainflow.backends.warm.client import ZygoteChannel
+from trainflow.backends.warm.preload import modules_to_preload, script_imports
+
+SCRIPT = '''
+import json, os, random, sys
+import numpy
+record = {"argv": sys.argv, "name": __name__, "file": __file__, "path0": sys.path[0], "cwd": os.getcwd(),
+          "env": dict(os.environ), "random": random.random(), "numpy": float(numpy.random.random())}
+print(json.dumps(record))
+print("to stderr", file=sys.stderr)
+if sys.argv[1] == "raise":
+    raise ValueError("the script's own error")
+sys.exit(int(sys.argv[1]))
+'''
+
+
+def start_zygote(preload: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, ZygoteChannel]:
+    ours, theirs = socket.socketpair()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trainflow.backends.warm.zygote", "--channel-fd", str(theirs.fileno()),
+         "--stop-grace-s", "5", "--preload", *preload],
+        pass_fds=[theirs.fileno()], env=env, start_new_session=True,
+    )
+    theirs.close()
+    return process, ZygoteChannel(ours)
+
+
+@pytest.fixture
+def zygote():
+    process, channel = start_zygote(["numpy", "json"])
+    assert channel.wait_ready(120) is not None
+    yield channel
+    channel.close()
+    process.wait(30)
+
+
+def run_forked(channel: ZygoteChannel, script: Path, arg: str, tmp_path: Path) -> tuple[int, dict, str]:
+    out, err = tmp_path / f"out-{arg}", tmp_path / f"err-{arg}"
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        env = {"PATH": os.environ["PATH"], "ONLY_THIS": arg}
+        child = channel.fork(WORKER, [sys.executable, "-u", str(script), arg], env, str(tmp_path),
+                             [0, stdout.fileno(), stderr.fileno()])
+        code = child.wait(60)
+    return code, json.loads(out.read_text().splitlines()[0]), err.read_text()
+
+
+def test_a_forked_rank_runs_its_script_as_a_new_interpreter_would(zygote, tmp_path):
+    script = tmp_path / "scripts" / "train.py"
+    script.parent.mkdir()
+    script.write_text(SCRIPT)
+    code, seen, stderr = run_forked(zygote, script, "3", tmp_path)
+    assert code == 3
+    assert seen["argv"] == [str(script), "3"] and seen["name"] == "__main__" and seen["file"] == str(script)
+    assert seen["path0"] == str(script.parent.resolve()) and seen["cwd"] == str(tmp_path)
+    assert seen["env"] == {"PATH": os.environ["PATH"], "ONLY_THIS": "3"}  # the request's, nothing of the zygote's
+    assert stderr == "to stderr\n"
+    code, again, _ = run_forked(zygote, script, "0", tmp_path)
+    assert code == 0
+    # each fork draws its own seeds, as a new interpreter does
+    assert (again["random"], again["numpy"]) != (seen["random"], seen["numpy"])
+
+
+def test_an_uncaught_exception_exits_1_with_the_scripts_own_traceback(zygote, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    code, _, stderr = run_forked(zygote, script, "raise", tmp_path)
+    assert code == 1
+    lines = stderr.splitlines()
+    assert lines[1] == "Traceback (most recent call last):"
+    assert lines[2].startswith(f'  File "{script}"')  # no frame of the zygote's or runpy's before it
+    assert lines[-1] == "ValueError: the script's own error"
+
+
+def test_a_signal_ends_a_forked_rank_with_that_signal(zygote, tmp_path):
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(60)\n")
+    with open(tmp_path / "out", "w") as out:
+        child = zygote.fork(WORKER, [sys.executable, "-u", str(script)], {}, str(tmp_path), [0, out.fileno(), 2])
+    assert os.getsid(child.pid) == child.pid  # a session of its own, as torchrun gives each rank
+    while (tmp_path / "out").read_text() != "up\n":
+        time.sleep(0.05)
+    child.send_signal(signal.SIGKILL)
+    assert child.wait(30) == -signal.SIGKILL
+
+
+def test_commands_it_cannot_fork_are_refused(zygote, tmp_path):
+    with pytest.raises(NotForkable, match="not this interpreter"):
+        zygote.fork(WORKER, ["/bin/true"], {}, str(tmp_path), [0, 1, 2])
+    with pytest.raises(NotForkable, match="interpreter options"):
+        zygote.fork(WORKER, [sys.executable, "-X", "dev", "x.py"], {}, str(tmp_path), [0, 1, 2])
+
+
+def test_closing_its_channel_ends_its_children_and_then_itself(tmp_path):
+    process, channel = start_zygote([])
+    assert channel.wait_ready(60) is not None
+    script = tmp_path / "wait.py"
+    script.write_text(textwrap.dedent("""
+        import signal, sys, time
+        signal.signal(signal.SIGTERM, lambda *_: (print("SIGTERM", flush=True), sys.exit(7)))
+        print("up", flush=True)
+        time.sleep(60)
+    """))
+    with open(tmp_path / "out", "w") as out:
+        child = channel.fork(WORKER, [sys.executable, "-u", str(script)], {}, str(tmp_path), [0, out.fileno(), 2])
+    while "up" not in (tmp_path / "out").read_text():
+        time.sleep(0.05)
+    channel.close()  # as when the orchestrator dies: the child gets SIGTERM, then the zygote leaves
+    assert process.wait(30) == 0
+    assert (tmp_path / "out").read_text() == "up\nSIGTERM\n"
+    with pytest.raises(ProcessLookupError):
+        os.kill(child.pid, 0)
+
+
+def test_a_module_that_starts_a_thread_makes_it_unfit(tmp_path):
+    (tmp_path / "threaded.py").write_text("import threading, time\nthreading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n")
+    process, channel = start_zygote(["threaded"], env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert channel.wait_ready(60) is None
+    assert channel.ready["op"] == "unfit" and "threaded" in channel.ready["reason"]
+    assert process.wait(30) == 0
+
+
+def test_the_scripts_leading_installed_imports_are_preloaded_and_its_own_modules_are_not(tmp_path):
+    (tmp_path / "helpers.py").write_text("")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import json, helpers
+        from numpy import linalg
+        try:
+            import yaml
+        except ImportError:
+            yaml = None
+        import os
+        os.environ["SOME_LIBRARY_SETTING"] = "1"  # what follows may read it at import
+        import decimal
+        def main():
+            import csv
+    """))
+    assert script_imports(script) == ["json", "helpers", "numpy", "yaml", "os"]
+    modules = modules_to_preload(str(script), ["fractions"], uses_runtime=True, cwd=tmp_path)
+    assert {"json", "numpy", "yaml", "fractions", "torch", "trainflow.runtime"} <= set(modules)
+    assert not {"helpers", "decimal", "csv"} & set(modules)
+    plain = modules_to_preload(str(script), [], uses_runtime=False, cwd=tmp_path)
+    assert "trainflow.runtime" not in plain and "torch.distributed.run" in plain

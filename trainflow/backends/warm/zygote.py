@@ -1,0 +1,244 @@
+"""A node's zygote: `python -m trainflow.backends.warm.zygote --channel-fd FD [--preload MODULE ...]`.
+
+It imports what every agent and rank needs, says it is ready on its channel, then waits. Each fork
+request gets a child process that becomes the request's command (child.py); the requester hears the
+child's pid at once and its exit status when it ends. An agent it forks gets a channel of its own,
+on which the agent asks for its ranks.
+
+The channel to the launcher ending (the orchestrator is gone, or the run is released) or a SIGTERM
+ends every child with SIGTERM, as a parent-death signal would, and the zygote leaves once they are
+gone. An agent's channel ending (the agent is gone) ends that agent's ranks."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import selectors
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+
+from trainflow.backends.warm.child import AGENT, CHILD_SIGNALS, WORKER, Command, NotForkable, become, run
+from trainflow.backends.warm.protocol import ChannelClosed, receive_message, send_message
+
+
+@dataclass
+class Channel:
+    sock: socket.socket
+    agent_pid: int | None = None  # None: the launcher's channel
+
+
+@dataclass
+class Child:
+    channel: Channel
+    request: int
+    role: str
+
+
+class Zygote:
+    def __init__(self, control: socket.socket, stop_grace_s: float):
+        self.control = Channel(control)
+        self.channels = {control.fileno(): self.control}
+        self.children: dict[int, Child] = {}
+        self.stop_grace_s = stop_grace_s
+        self.ending_at: float | None = None
+        self.selector = selectors.DefaultSelector()
+        self.wakeup_read, wakeup_write = os.pipe()
+        os.set_blocking(self.wakeup_read, False)
+        os.set_blocking(wakeup_write, False)
+        self._wakeup_write = wakeup_write
+        signal.set_wakeup_fd(wakeup_write)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, lambda *_: self.end())
+        self.selector.register(self.wakeup_read, selectors.EVENT_READ)
+        self.selector.register(control, selectors.EVENT_READ)
+
+    def serve(self) -> Command | None:
+        """Serve until the end; in a forked child, return the command that child must run."""
+        while True:
+            self._reap()
+            if self.ending_at is not None:
+                if not self.children:
+                    return None
+                if time.monotonic() > self.ending_at + self.stop_grace_s:
+                    self._signal_all(signal.SIGKILL)
+            # idle until a request or a child's end wakes it; while ending, it checks the grace period
+            for key, _ in self.selector.select(timeout=None if self.ending_at is None else 0.5):
+                if key.fileobj == self.wakeup_read:
+                    _drain(self.wakeup_read)
+                    continue
+                channel = self.channels.get(key.fileobj.fileno())
+                if channel is None:
+                    continue
+                try:
+                    message, fds = receive_message(channel.sock)
+                except (ChannelClosed, OSError):
+                    self._closed(channel)
+                    continue
+                command = self._fork(channel, message, fds)
+                if command is not None:
+                    return command
+
+    def end(self) -> None:
+        if self.ending_at is None:
+            self.ending_at = time.monotonic()
+            self._signal_all(signal.SIGTERM)
+
+    def _fork(self, channel: Channel, message: dict, fds: list[int]) -> Command | None:
+        request = message.get("id", 0)
+        try:
+            if message.get("op") != "fork":
+                raise NotForkable(f"unknown request {message.get('op')!r}")
+            if self.ending_at is not None:
+                raise NotForkable("the zygote is ending")
+            command = Command.parse(message)
+        except (NotForkable, KeyError, TypeError) as exc:
+            _close_all(fds)
+            self._send(channel, {"op": "refused", "id": request, "error": str(exc)})
+            return None
+        agent_end = None
+        if command.role == AGENT:
+            agent_end, child_end = socket.socketpair()
+        in_session, session_made = os.pipe()
+        # until the child has its own handlers, a signal must not run the zygote's in it
+        signal.pthread_sigmask(signal.SIG_BLOCK, CHILD_SIGNALS)
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()  # before its pid is handed out: whoever gets it may signal its group at once
+            os.close(session_made)
+            os.close(in_session)
+            channel_fd = None
+            if agent_end is not None:
+                agent_end.close()
+                channel_fd = child_end.detach()
+            self._leave_to_child()
+            become(command, fds, channel_fd)  # ends by unblocking CHILD_SIGNALS
+            return command
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, CHILD_SIGNALS)
+        os.close(session_made)
+        os.read(in_session, 1)  # returns once the child has its session (or has died)
+        os.close(in_session)
+        _close_all(fds)
+        owner = channel.agent_pid
+        if agent_end is not None:
+            child_end.close()
+            agent = Channel(agent_end, agent_pid=pid)
+            self.channels[agent_end.fileno()] = agent
+            self.selector.register(agent_end, selectors.EVENT_READ)
+        self.children[pid] = Child(channel, request, command.role)
+        self._send(channel, {"op": "started", "id": request, "pid": pid})
+        if command.role == WORKER and owner is not None:
+            self._send(self.control, {"op": "worker", "agent": owner, "pid": pid})
+        return None
+
+    def _leave_to_child(self) -> None:
+        """The child keeps nothing of the zygote's: its channels, its wake-up pipe, its handlers."""
+        self.selector.close()
+        for channel in self.channels.values():
+            channel.sock.close()
+        os.close(self.wakeup_read)
+        os.close(self._wakeup_write)
+
+    def _closed(self, channel: Channel) -> None:
+        self.selector.unregister(channel.sock)
+        del self.channels[channel.sock.fileno()]
+        channel.sock.close()
+        if channel is self.control:
+            self.end()
+            return
+        for pid, child in list(self.children.items()):  # the agent is gone: so are its ranks
+            if child.channel is channel:
+                _signal_session(pid, signal.SIGKILL)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            child = self.children.pop(pid, None)
+            if child is not None:
+                self._send(child.channel, {"op": "exited", "id": child.request, "pid": pid,
+                                           "returncode": os.waitstatus_to_exitcode(status)})
+
+    def _send(self, channel: Channel, message: dict) -> None:
+        if channel.sock.fileno() < 0:
+            return
+        try:
+            send_message(channel.sock, message)
+        except OSError:
+            pass  # a requester that has gone; its channel's end is handled when it is read
+
+    def _signal_all(self, sig: signal.Signals) -> None:
+        for pid in self.children:
+            _signal_session(pid, sig)
+
+
+def _signal_session(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)  # every child leads a session (and group) of its own
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def preload(modules: list[str]) -> tuple[list[str], dict[str, str], str | None]:
+    """Import each module; stop at one that leaves a thread running (forking would then be unsafe)."""
+    imported, failed = [], {}
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:  # a module's own failure is the script's to report, cold
+            failed[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            continue
+        imported.append(name)
+        if threading.active_count() > 1:
+            return imported, failed, f"importing {name} started a thread"
+    return imported, failed, None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="trainflow-zygote")
+    parser.add_argument("--channel-fd", type=int, required=True)
+    parser.add_argument("--stop-grace-s", type=float, default=60.0)
+    parser.add_argument("--preload", nargs="*", default=[])
+    options = parser.parse_args()
+    control = socket.socket(fileno=options.channel_fd)
+    started = time.monotonic()
+    imported, failed, unfit = preload(options.preload)
+    send_message(control, {"op": "ready" if unfit is None else "unfit", "imported": imported, "failed": failed,
+                           "reason": unfit, "import_s": round(time.monotonic() - started, 3)})
+    if unfit is not None:
+        return
+    command = Zygote(control, options.stop_grace_s).serve()
+    if command is not None:
+        try:
+            run(command)
+        except SystemExit:
+            raise
+        except BaseException:
+            traceback.print_exc()
+            sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
