@@ -90,7 +90,7 @@ def recovery_table(results: dict) -> list[str]:
     lines = ["", "## Recovery against torchrun's own restart (detection to the first new step, state restored)", "",
              f"{when}torchrun's stateless worker restart in the same run: {restart:.2f} s. Phases in seconds, each to the "
              "slowest rank's point: stop (the failed attempt ended), between attempts (release, classify, record, "
-             "back-off, launch task), launch (to the workers' interpreter start), imports (to "
+             "back-off, launch task), launch (to the workers' process start, a fork with warm workers), imports (to "
              "`trainflow.runtime.init()`), rendezvous (process group joined), restore, first step.", "",
              *failed_drills(results["drills"]),
              "| fault | recovery (s) | torchrun restart (s) | ratio | stop | between | launch | imports | rendezvous "

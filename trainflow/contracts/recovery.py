@@ -3,7 +3,7 @@ split into phases at the timestamps the attempts record.
 
     stop              detection -> the failed attempt's processes all ended (release)
     between_attempts  -> the next attempt launched (record, classify, back off, recover nodes, launch task)
-    launch            -> the last rank's interpreter started (the launcher, torchrun's agent and its spawn)
+    launch            -> the last rank's process started (the launcher, torchrun's agent and its spawn or fork)
     imports           -> the last rank called trainflow.runtime.init() (torch, the script's modules)
     rendezvous        -> the last rank joined the process group
     restore           -> the last rank restored its state (building the model included)

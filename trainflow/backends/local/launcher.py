@@ -25,7 +25,7 @@ from trainflow.backends.local.agent_command import (
 from trainflow.backends.local.allocation import LocalAllocation
 from trainflow.backends.local.config import LocalNetwork, local_config
 from trainflow.backends.local.observe import alive, node_state, node_workers, rank_stacks, session_members
-from trainflow.backends.local.warm_pools import start_pools
+from trainflow.backends.local.warm_pools import close_pools, start_pools
 from trainflow.backends.netns import NetworkError, NodeNetwork, cut_node_link
 from trainflow.backends.parent_death import ending_with_this_process
 from trainflow.backends.ports import free_port, is_listening
@@ -194,7 +194,7 @@ class LocalLauncher:
         for session in allocation.sessions:
             signal_session(session, signal.SIGCONT)
             signal_session(session, signal.SIGKILL)
-        report.released_standbys = sum(pool.close() for pool in allocation.warm_pools.values())
+        report.released_standbys = close_pools(allocation.warm_pools)
         leftovers = job_processes(allocation.run_id)
         report.stopped_processes = terminate(leftovers, grace_s=2.0) if leftovers else 0
         report.survivors = [describe(p) for p in wait_until_gone(allocation.run_id, timeout_s=5.0)]

@@ -47,15 +47,27 @@ class WarmPool:
         log.warning("node slot %d starts cold: %s", self.slot, self.unusable)
         return None
 
-    def close(self) -> bool:
-        """End the zygote; True once it has gone."""
-        self.channel.close()  # the zygote ends its children, if any are left, then itself
+    def close(self) -> None:
+        """Ask the zygote to end: it ends its children, if any are left, then itself."""
+        if self.channel.ready is None:
+            self.process.kill()  # still importing (the run ended before its first launch): nothing to save
+        self.channel.close()
+
+    def wait_closed(self) -> bool:
+        """True once the zygote has gone (killed if it takes too long)."""
         try:
             self.process.wait(CLOSE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
         return True
+
+
+def close_pools(pools: dict[int, WarmPool]) -> int:
+    """End every zygote, all at once; how many were ended."""
+    for pool in pools.values():
+        pool.close()
+    return sum(pool.wait_closed() for pool in pools.values())
 
 
 def start_pools(spec, slots: list[int], scratch: Path, env: dict[str, str], wrap) -> dict[int, WarmPool]:

@@ -225,19 +225,25 @@ def main() -> None:
     control = socket.socket(fileno=options.channel_fd)
     started = time.monotonic()
     imported, failed, unfit = preload(options.preload)
-    send_message(control, {"op": "ready" if unfit is None else "unfit", "imported": imported, "failed": failed,
-                           "reason": unfit, "import_s": round(time.monotonic() - started, 3)})
+    try:
+        send_message(control, {"op": "ready" if unfit is None else "unfit", "imported": imported, "failed": failed,
+                               "reason": unfit, "import_s": round(time.monotonic() - started, 3)})
+    except OSError:
+        return  # the launcher has gone while this was importing
     if unfit is not None:
         return
     command = Zygote(control, options.stop_grace_s).serve()
-    if command is not None:
-        try:
-            run(command)
-        except SystemExit:
-            raise
-        except BaseException:
-            traceback.print_exc()
-            sys.exit(1)
+    if command is None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # its children are gone; tearing down the interpreter's imports would only cost time
+    try:
+        run(command)
+    except SystemExit:
+        raise
+    except BaseException:
+        traceback.print_exc()
+        sys.exit(1)
 
 
 if __name__ == "__main__":
