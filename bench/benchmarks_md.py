@@ -18,14 +18,14 @@ def markdown(results: dict) -> str:
     lines = [
         "# Benchmarks",
         "",
-        "Every figure below was produced by `make bench` (bench/run_benchmarks.py) on this machine; the",
-        f"sections up to Checkpoints in one run, {results['measured_at']}, the later ones each when its own section",
-        "says; the raw numbers are in bench/results.json.",
+        "Every figure below was produced by `make bench` (bench/run_benchmarks.py) on this machine; each section",
+        "says when it was measured; the raw numbers are in bench/results.json.",
         "",
         "```", results["machine"].strip(), "```",
         "",
         f"## Orchestration tax (reference workload, {STEPS} steps, 2 ranks, gloo on CPU; {ROUNDS} interleaved "
-        "rounds: steps/s are medians of the runs, ratios the median of the rounds' ratios)",
+        "rounds: steps/s are medians of the runs, ratios the median of the rounds' ratios)"
+        + (f"; measured {tax['measured_at']}" if "measured_at" in tax else ""),
         "",
         "| | bare torchrun | trainflow | ratio (target ≥ 0.95) |",
         "|---|---|---|---|",
@@ -61,11 +61,11 @@ def markdown(results: dict) -> str:
             f"{ratio} | {report['lost_steps']} | {report['params_match_baseline']} | {report['resources_released']} |"
         )
     lines += recovery_table(results)
-    lines += ["", "## Checkpoints", ""]
+    lines += ["", "## Checkpoints" + (f" (measured {ck['measured_at']})" if "measured_at" in ck else ""), ""]
     if "error" in ck:
         lines.append(f"not measured: {ck['error'][:300]}")
     else:
-        lines += ["| figure | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in ck.items()]
+        lines += ["| figure | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in ck.items() if k != "measured_at"]
     return "\n".join(lines + [""])
 
 

@@ -195,6 +195,8 @@ def main(parts: list[str]) -> None:
                 earlier = results.get(part)
                 load_before = os.getloadavg()[0]
                 results[part] = measure[part]()
+                if isinstance(results[part], dict):
+                    results[part]["measured_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
                 if part == "fsdp_tp":  # a ratio on a shared machine drifts: earlier runs stay on record
                     results[part]["earlier"] = fsdp_tp_tax.earlier_runs(earlier)
                 if part in ("orchestration", "drills"):  # the yardstick both compare recovery with
@@ -221,7 +223,10 @@ def main(parts: list[str]) -> None:
 if __name__ == "__main__":
     if sys.argv[1:] == ["--from-results"]:  # summaries and BENCHMARKS.md again from the recorded runs
         recorded = json.loads((ROOT / "bench" / "results.json").read_text())
+        when = recorded["orchestration"].get("measured_at")
         recorded["orchestration"] = summarize_orchestration(recorded["orchestration"]["rounds"])
+        if when:
+            recorded["orchestration"]["measured_at"] = when
         write(recorded)
     else:
         main(chosen_parts(sys.argv[1:]))

@@ -12,6 +12,7 @@ gone. An agent's channel ending (the agent is gone) ends that agent's ranks."""
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import selectors
@@ -232,6 +233,9 @@ def main() -> None:
         return  # the launcher has gone while this was importing
     if unfit is not None:
         return
+    # what the imports made stays out of every later collection: a fork's collector would otherwise
+    # walk, and so copy, every page of it
+    gc.freeze()
     command = Zygote(control, options.stop_grace_s).serve()
     if command is None:
         sys.stdout.flush()
