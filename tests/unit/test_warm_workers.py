@@ -160,3 +160,35 @@ def test_the_scripts_leading_installed_imports_are_preloaded_and_its_own_modules
     assert not {"helpers", "decimal", "csv"} & set(modules)
     plain = modules_to_preload(str(script), [], uses_runtime=False, cwd=tmp_path)
     assert "trainflow.runtime" not in plain and "torch.distributed.run" in plain
+
+
+DDP_AFTER_PRELOAD = '''
+import importlib, json, pathlib, sys
+from trainflow.backends.warm.preload import modules_to_preload
+for name in modules_to_preload(sys.argv[1], [], uses_runtime=False, cwd=pathlib.Path.cwd()):
+    importlib.import_module(name)
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=0, world_size=1)
+before = set(sys.modules)
+model = DistributedDataParallel(torch.nn.Linear(4, 2))
+model(torch.ones(3, 4)).sum().backward()
+print(json.dumps(sorted(set(sys.modules) - before)))
+dist.destroy_process_group()
+'''
+
+
+def test_a_ddp_rank_forked_after_the_preload_imports_nothing_heavy_for_its_first_step(tmp_path):
+    """DDP's constructor imports torch._dynamo (sympy, FX) on first use: half a second of every
+    rank's start when the zygote has not imported it."""
+    from trainflow.backends.ports import free_port
+
+    script = tmp_path / "plain.py"
+    script.write_text("import torch\nimport torch.distributed as dist\n")
+    result = subprocess.run([sys.executable, "-c", DDP_AFTER_PRELOAD, str(script), str(free_port())],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    imported_late = json.loads(result.stdout.strip().splitlines()[-1])
+    heavy = [name for name in imported_late if name.startswith(("torch._dynamo", "sympy", "torch.fx", "torch._inductor"))]
+    assert not heavy, heavy
+    assert len(imported_late) <= 3, imported_late

@@ -17,12 +17,15 @@ AGENT_MODULES = ("torch", "torch.distributed", "torch.distributed.run", "trainfl
                  "torch.distributed.elastic.agent.server.local_elastic_agent",
                  "torch.distributed.elastic.rendezvous.dynamic_rendezvous",
                  "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend")
+# DDP's constructor imports torch._dynamo (sympy, the FX tracer): half a second or more, in every
+# attempt's every rank, before its first step
+RANK_MODULES = ("torch.nn.parallel", "torch._dynamo")
 RUNTIME_MODULES = ("trainflow.runtime", "torch.distributed.checkpoint", "torch.distributed.fsdp",
                    "torch.nn.parallel")
 
 
 def modules_to_preload(entrypoint: str, extra: list[str], uses_runtime: bool, cwd: Path) -> list[str]:
-    names = list(AGENT_MODULES)
+    names = list(AGENT_MODULES) + list(RANK_MODULES)
     if uses_runtime:
         names += RUNTIME_MODULES
     names += [name for name in script_imports(Path(entrypoint)) if _installed(name, Path(entrypoint), cwd)]
