@@ -162,6 +162,48 @@ def test_the_scripts_leading_installed_imports_are_preloaded_and_its_own_modules
     assert "trainflow.runtime" not in plain and "torch.distributed.run" in plain
 
 
+
+def test_a_clone_serves_on_its_own_channel_and_log_with_the_imports_done(zygote, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    with open(tmp_path / "clone.log", "w") as log:
+        channel, clone = zygote.clone(log.fileno())
+    ready = channel.wait_ready(60)
+    assert ready is not None and ready["imported"] == ["numpy", "json"] and ready["import_s"] == 0.0
+    assert os.getsid(clone.pid) == clone.pid and clone.poll() is None
+    code, seen, stderr = run_forked(channel, script, "4", tmp_path)  # a rank forked by the clone
+    assert code == 4 and seen["argv"] == [str(script), "4"] and stderr == "to stderr\n"
+    channel.close()  # its own channel ending ends the clone, not its source
+    assert clone.wait(30) == 0
+    code, _, _ = run_forked(zygote, script, "0", tmp_path)
+    assert code == 0
+
+
+def test_a_clone_can_be_cloned_in_turn(zygote, tmp_path):
+    with open(tmp_path / "clone.log", "w") as log:
+        channel, clone = zygote.clone(log.fileno())
+    assert channel.wait_ready(60) is not None
+    with open(tmp_path / "again.log", "w") as log:
+        grandchild_channel, grandchild = channel.clone(log.fileno())
+    assert grandchild_channel.wait_ready(60) is not None
+    grandchild_channel.close()
+    assert grandchild.wait(30) == 0
+    channel.close()
+    assert clone.wait(30) == 0
+
+
+def test_ending_the_source_ends_its_clones(tmp_path):
+    process, channel = start_zygote([])
+    assert channel.wait_ready(60) is not None
+    with open(tmp_path / "clone.log", "w") as log:
+        clone_channel, clone = channel.clone(log.fileno())
+    assert clone_channel.wait_ready(60) is not None
+    channel.close()  # release ends every zygote at once; the source's end reaches its clones too
+    assert process.wait(30) == 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(clone.pid, 0)
+    clone_channel.close()
+
 DDP_AFTER_PRELOAD = '''
 import importlib, json, pathlib, sys
 from trainflow.backends.warm.preload import modules_to_preload

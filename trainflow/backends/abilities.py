@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -26,6 +27,14 @@ class BuildsImage(Protocol):
     """Runs a container image, which must exist (or be built) before the first launch."""
 
     def prepare_image(self, spec: RunSpec, allocation: Allocation) -> dict: ...
+
+
+@runtime_checkable
+class StartsAhead(Protocol):
+    """Can start something the run will need (standby interpreters) before the flow does; the
+    context ends what the provisioning did not take."""
+
+    def head_start(self, spec: RunSpec) -> AbstractContextManager[None]: ...
 
 
 @runtime_checkable

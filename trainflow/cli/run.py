@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -31,14 +32,25 @@ def run(
         fail_input(str(exc))
 
     with orchestrating():
-        from flows.lifecycle import training_lifecycle
-
         problem = quota_problem(spec)
         if problem:
             fail_input(problem)
-        with live_progress():
-            state = training_lifecycle(spec, resume=resume, return_state=True)
+        with head_start(spec):
+            from flows.lifecycle import training_lifecycle
+
+            with live_progress():
+                state = training_lifecycle(spec, resume=resume, return_state=True)
     finish(state, as_json)
+
+
+def head_start(spec):
+    """What the backend can start while the orchestrator imports and plans (the local backend's
+    standby interpreters), handed to the run's provisioning; ended with the command if not taken."""
+    from trainflow.backends import launcher_for
+    from trainflow.backends.abilities import StartsAhead
+
+    launcher = launcher_for(spec)
+    return launcher.head_start(spec) if isinstance(launcher, StartsAhead) else nullcontext()
 
 
 def rerun(

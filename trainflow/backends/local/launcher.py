@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from trainflow.backends.local.agent_command import (
 from trainflow.backends.local.allocation import LocalAllocation
 from trainflow.backends.local.config import LocalNetwork, local_config
 from trainflow.backends.local.observe import alive, node_state, node_workers, rank_stacks, session_members
-from trainflow.backends.local.warm_pools import close_pools, start_pools
+from trainflow.backends.local.warm_pools import close_pools, head_start, start_pools
 from trainflow.backends.netns import NetworkError, NodeNetwork, cut_node_link
 from trainflow.backends.parent_death import ending_with_this_process
 from trainflow.backends.ports import free_port, is_listening
@@ -33,6 +34,7 @@ from trainflow.backends.processes import describe, job_processes, signal_session
 from trainflow.backends.torchrun_report import failed_ranks, root_cause_exitcode, stderr_tail
 from trainflow.backends.worker import worker_config
 from trainflow.capacity import local_capacity_problem
+from trainflow.home import runs_root
 from trainflow.private_files import open_private, private_folder
 from trainflow.spec import RunSpec, SpecError
 
@@ -51,6 +53,17 @@ class LocalLauncher:
         problem = local_capacity_problem(spec.resources)
         if problem:
             raise SpecError(problem)
+
+    @staticmethod
+    def head_start(spec):
+        """Around `trainflow run`: the zygotes of a warm run on the host's network start before the
+        flow does (warm_pools.head_start), or nothing."""
+        config = local_config(spec)
+        if not config.warm_workers or config.network != LocalNetwork.loopback:
+            return nullcontext()
+        stand_in = LocalAllocation(run_id="", backend="local", nodes=spec.resources.nodes, scratch=Path(os.devnull),
+                                   ports={}, slots=[])
+        return head_start(spec, agent_environment(spec, stand_in, 0, Path(os.devnull)), runs_root())
 
     def provision(self, spec, run_id: str, scratch: Path) -> LocalAllocation:
         self._check_capacity(spec)
@@ -74,10 +87,9 @@ class LocalLauncher:
             allocation.network = network
             allocation.status_host = network.host_address
         if local_config(spec).warm_workers:
-            network = allocation.network
             env = agent_environment(spec, allocation, 0, Path(os.devnull))
             allocation.warm_pools = start_pools(spec, allocation.slots, scratch, env,
-                                                network.wrap if network else lambda command, _slot: command)
+                                                allocation.network.wrap if allocation.network else None)
         return allocation
 
     @staticmethod
@@ -195,9 +207,10 @@ class LocalLauncher:
             signal_session(session, signal.SIGCONT)
             signal_session(session, signal.SIGKILL)
         report.released_standbys = close_pools(allocation.warm_pools)
-        leftovers = job_processes(allocation.run_id)
+        markers = {allocation.run_id, *(pool.tag for pool in allocation.warm_pools.values())}
+        leftovers = job_processes(*markers)
         report.stopped_processes = terminate(leftovers, grace_s=2.0) if leftovers else 0
-        report.survivors = [describe(p) for p in wait_until_gone(allocation.run_id, timeout_s=5.0)]
+        report.survivors = [describe(p) for p in wait_until_gone(*markers, timeout_s=5.0)]
         network = allocation.network
         if network is not None:
             report.survivors.extend(network.destroy())

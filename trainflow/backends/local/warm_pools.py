@@ -1,6 +1,13 @@
 """The local backend's warm workers (backends/warm): one zygote per node slot, started when the run
 is provisioned so its imports overlap the preparation, ready before the first launch, and asked
-for each attempt's agent; ended, and counted, at release."""
+for each attempt's agent; ended, and counted, at release.
+
+On the host's network only the first slot's zygote imports; the other slots' zygotes are its
+clones, forked at their first launch with every import done. `trainflow run` also gives that
+zygote a head start: once the spec is valid it starts it, so that it imports torch while the
+orchestrator imports Prefect and MLflow and plans the run, and the provisioning takes it instead
+of starting its own. A head start's zygotes carry a job marker of their own (their forks inherit
+it), which the release searches besides the run's."""
 
 from __future__ import annotations
 
@@ -9,7 +16,10 @@ import os
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainflow.backends.warm.child import AGENT, NotForkable
@@ -17,25 +27,34 @@ from trainflow.backends.warm.client import ForkedProcess, ZygoteChannel
 from trainflow.backends.warm.preload import modules_to_preload
 from trainflow.private_files import open_private
 from trainflow.spec import WorkloadMode
+from trainflow.worker_config import JOB_ENV
 
 log = logging.getLogger("trainflow.local")
 
 READY_TIMEOUT_S = 300.0
 CLOSE_TIMEOUT_S = 10.0
 
+Wrap = Callable[[list[str], int], list[str]]  # puts a command in a node slot's network namespace
+
 
 @dataclass
 class WarmPool:
-    """One node slot's zygote, as the launcher holds it."""
+    """One node slot's zygote, as the launcher holds it: started, or a clone still to be made."""
 
     slot: int
-    process: subprocess.Popen
-    channel: ZygoteChannel
     log_path: Path
+    tag: str  # the job marker in its environment, and so in every process it forks
+    preload: list[str]
+    env: dict[str, str] = field(repr=False)
+    process: subprocess.Popen | ForkedProcess | None = None
+    channel: ZygoteChannel | None = None
+    source: WarmPool | None = None  # a clone's, until it is made: the zygote it is forked from
     unusable: str | None = None  # why this slot's attempts start cold
 
     def start_agent(self, argv: list[str], env: dict[str, str], log_fd: int) -> ForkedProcess | None:
         """The node's torchrun agent, forked; None (and the reason logged once) where it must start cold."""
+        if self.unusable is None and self.channel is None:
+            self._clone()
         if self.unusable is None and self.channel.wait_ready(READY_TIMEOUT_S) is None:
             self.unusable = _why_not_ready(self)
         if self.unusable is None:
@@ -47,14 +66,35 @@ class WarmPool:
         log.warning("node slot %d starts cold: %s", self.slot, self.unusable)
         return None
 
+    def _clone(self) -> None:
+        source = self.source
+        if source.channel is None or source.unusable or source.channel.wait_ready(READY_TIMEOUT_S) is None:
+            self.unusable = f"the standby interpreter of slot {source.slot} is not usable"
+            return
+        with open(open_private(self.log_path, append=True), "ab") as log_file:
+            try:
+                self.channel, self.process = source.channel.clone(log_file.fileno())
+            except NotForkable as exc:
+                self.unusable = f"cloning the standby interpreter of slot {source.slot}: {exc}"
+
+    @property
+    def alive(self) -> bool:
+        if self.process is None:
+            return self.source is not None and self.source.alive
+        return self.process.poll() is None
+
     def close(self) -> None:
         """Ask the zygote to end: it ends its children, if any are left, then itself."""
+        if self.channel is None:
+            return  # a clone never made
         if self.channel.ready is None:
             self.process.kill()  # still importing (the run ended before its first launch): nothing to save
         self.channel.close()
 
     def wait_closed(self) -> bool:
-        """True once the zygote has gone (killed if it takes too long)."""
+        """True once the zygote has gone (killed if it takes too long); False if it never started."""
+        if self.process is None:
+            return False
         try:
             self.process.wait(CLOSE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -70,22 +110,80 @@ def close_pools(pools: dict[int, WarmPool]) -> int:
     return sum(pool.wait_closed() for pool in pools.values())
 
 
-def start_pools(spec, slots: list[int], scratch: Path, env: dict[str, str], wrap) -> dict[int, WarmPool]:
-    """A zygote per node slot, each in its slot's network (`wrap` puts a command there)."""
-    preload = modules_to_preload(spec.workload.entrypoint, spec.workload.preload, spec.workload.mode == WorkloadMode.runtime, Path.cwd())
-    grace_s = spec.fault_tolerance.preemption_grace_s + 30.0  # torchrun's own stop, then its SIGKILL
-    pools = {}
-    for slot in slots:
-        ours, theirs = socket.socketpair()
-        log_path = scratch / f"warm-{slot}.log"
-        command = [sys.executable, "-m", "trainflow.backends.warm.zygote", "--channel-fd", str(theirs.fileno()),
-                   "--stop-grace-s", str(grace_s), "--preload", *preload]
-        with open(open_private(log_path, append=True), "ab") as log_file:
-            process = subprocess.Popen(wrap(command, slot), env=env, stdin=subprocess.DEVNULL, stdout=log_file,
-                                       stderr=subprocess.STDOUT, pass_fds=[theirs.fileno()], start_new_session=True)
-        theirs.close()
-        pools[slot] = WarmPool(slot, process, ZygoteChannel(ours), log_path)
-    return pools
+def start_pools(spec, slots: list[int], scratch: Path, env: dict[str, str], wrap: Wrap | None) -> dict[int, WarmPool]:
+    """A zygote per node slot, each in its slot's network (`wrap` puts a command there). On the
+    host's network (`wrap` None) the first slot's zygote is a head start's where one was started
+    for this same command and environment, and the others are its clones."""
+    preload = _preload(spec)
+    if wrap is not None:
+        return {slot: _start(slot, preload, _grace_s(spec), scratch / f"warm-{slot}.log", env, wrap) for slot in slots}
+    first, *others = slots
+    source = _take_head_start(preload, env)
+    if source is not None:
+        os.replace(source.log_path, scratch / f"warm-{first}.log")  # the zygote goes on writing to it
+        source.slot, source.log_path = first, scratch / f"warm-{first}.log"
+    else:
+        source = _start(first, preload, _grace_s(spec), scratch / f"warm-{first}.log", env, None)
+    return {first: source, **{slot: _clone_of(source, slot, scratch / f"warm-{slot}.log") for slot in others}}
+
+
+@contextmanager
+def head_start(spec, env: dict[str, str], folder: Path) -> Iterator[None]:
+    """A zygote for a run on the host's network starts now; if no provisioning has taken it when
+    the block ends, it is ended. `env` is its environment but for the job marker; its log waits
+    in `folder` until a provisioning takes it."""
+    tag = f"warm-{uuid.uuid4().hex[:12]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    pool = _start(0, _preload(spec), _grace_s(spec), folder / f"{tag}.log", {**env, JOB_ENV: tag}, None)
+    _HEAD_START.append(pool)
+    try:
+        yield
+    finally:
+        if pool in _HEAD_START:
+            _HEAD_START.remove(pool)
+            close_pools({0: pool})
+            pool.log_path.unlink(missing_ok=True)
+
+
+_HEAD_START: list[WarmPool] = []  # started by head_start, not yet taken
+
+
+def _take_head_start(preload: list[str], env: dict[str, str]) -> WarmPool | None:
+    for pool in _HEAD_START:
+        if pool.preload == preload and _unmarked(pool.env) == _unmarked(env) and pool.alive:
+            _HEAD_START.remove(pool)
+            return pool
+    return None
+
+
+def _unmarked(env: dict[str, str]) -> dict[str, str]:
+    return {key: value for key, value in env.items() if key != JOB_ENV}
+
+
+def _preload(spec) -> list[str]:
+    return modules_to_preload(spec.workload.entrypoint, spec.workload.preload,
+                              spec.workload.mode == WorkloadMode.runtime, Path.cwd())
+
+
+def _grace_s(spec) -> float:
+    return spec.fault_tolerance.preemption_grace_s + 30.0  # torchrun's own stop, then its SIGKILL
+
+
+def _start(slot: int, preload: list[str], grace_s: float, log_path: Path, env: dict[str, str],
+           wrap: Wrap | None) -> WarmPool:
+    ours, theirs = socket.socketpair()
+    command = [sys.executable, "-m", "trainflow.backends.warm.zygote", "--channel-fd", str(theirs.fileno()),
+               "--stop-grace-s", str(grace_s), "--preload", *preload]
+    with open(open_private(log_path, append=True), "ab") as log_file:
+        process = subprocess.Popen(wrap(command, slot) if wrap else command, env=env, stdin=subprocess.DEVNULL,
+                                   stdout=log_file, stderr=subprocess.STDOUT, pass_fds=[theirs.fileno()],
+                                   start_new_session=True)
+    theirs.close()
+    return WarmPool(slot, log_path, env.get(JOB_ENV, ""), preload, env, process=process, channel=ZygoteChannel(ours))
+
+
+def _clone_of(source: WarmPool, slot: int, log_path: Path) -> WarmPool:
+    return WarmPool(slot, log_path, source.tag, source.preload, source.env, source=source)
 
 
 def _why_not_ready(pool: WarmPool) -> str:

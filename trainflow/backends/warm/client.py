@@ -33,12 +33,28 @@ class ZygoteChannel:
     def fork(self, role: str, argv: list[str], env: dict[str, str], cwd: str, stdio: list[int],
              timeout_s: float = 30.0) -> ForkedProcess:
         """A forked process running this command; NotForkable where the zygote cannot."""
+        return self._request({"op": "fork", "role": role, "argv": argv, "env": env, "cwd": cwd}, stdio, argv,
+                             timeout_s)
+
+    def clone(self, log_fd: int, timeout_s: float = 30.0) -> tuple[ZygoteChannel, ForkedProcess]:
+        """A zygote forked from this one, its imports done, serving on a channel of its own and
+        writing to `log_fd`; NotForkable where this zygote cannot."""
+        ours, theirs = socket.socketpair()
+        try:
+            process = self._request({"op": "clone"}, [theirs.fileno(), log_fd], ["trainflow-zygote-clone"], timeout_s)
+        except NotForkable:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        return ZygoteChannel(ours), process
+
+    def _request(self, message: dict, fds: list[int], argv: list[str], timeout_s: float) -> ForkedProcess:
         with self._lock:
             request = self._next_request
             self._next_request += 1
             try:
-                send_message(self.sock, {"op": "fork", "id": request, "role": role, "argv": argv,
-                                         "env": env, "cwd": cwd}, stdio)
+                send_message(self.sock, {**message, "id": request}, fds)
             except OSError as exc:
                 self.closed = True
                 raise NotForkable(f"the zygote is gone ({exc})") from None

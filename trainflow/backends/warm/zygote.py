@@ -7,7 +7,10 @@ on which the agent asks for its ranks.
 
 The channel to the launcher ending (the orchestrator is gone, or the run is released) or a SIGTERM
 ends every child with SIGTERM, as a parent-death signal would, and the zygote leaves once they are
-gone. An agent's channel ending (the agent is gone) ends that agent's ranks."""
+gone. An agent's channel ending (the agent is gone) ends that agent's ranks.
+
+A clone request gets a child that becomes a zygote of its own, on the channel and log the request
+hands over, with every import already done: one import for all the node slots of a host."""
 
 from __future__ import annotations
 
@@ -41,6 +44,23 @@ class Child:
     role: str
 
 
+@dataclass
+class Clone:
+    """What a cloned zygote serves on: its own channel and log."""
+
+    channel_fd: int
+    log_fd: int
+
+    @classmethod
+    def parse(cls, fds: list[int]) -> Clone:
+        if len(fds) != 2:
+            raise NotForkable("a clone needs a channel and a log")
+        return cls(*fds)
+
+
+ZYGOTE = "zygote"  # a clone's role among the children
+
+
 class Zygote:
     def __init__(self, control: socket.socket, stop_grace_s: float):
         self.control = Channel(control)
@@ -59,8 +79,8 @@ class Zygote:
         self.selector.register(self.wakeup_read, selectors.EVENT_READ)
         self.selector.register(control, selectors.EVENT_READ)
 
-    def serve(self) -> Command | None:
-        """Serve until the end; in a forked child, return the command that child must run."""
+    def serve(self) -> Command | Clone | None:
+        """Serve until the end; in a forked child, return what that child must run or serve."""
         while True:
             self._reap()
             if self.ending_at is not None:
@@ -90,20 +110,21 @@ class Zygote:
             self.ending_at = time.monotonic()
             self._signal_all(signal.SIGTERM)
 
-    def _fork(self, channel: Channel, message: dict, fds: list[int]) -> Command | None:
-        request = message.get("id", 0)
+    def _fork(self, channel: Channel, message: dict, fds: list[int]) -> Command | Clone | None:
+        request, op = message.get("id", 0), message.get("op")
         try:
-            if message.get("op") != "fork":
-                raise NotForkable(f"unknown request {message.get('op')!r}")
+            if op not in ("fork", "clone") or (op == "clone" and channel is not self.control):
+                raise NotForkable(f"unknown request {op!r}")
             if self.ending_at is not None:
                 raise NotForkable("the zygote is ending")
-            command = Command.parse(message)
+            command = Command.parse(message) if op == "fork" else Clone.parse(fds)
         except (NotForkable, KeyError, TypeError) as exc:
             _close_all(fds)
             self._send(channel, {"op": "refused", "id": request, "error": str(exc)})
             return None
+        role = command.role if isinstance(command, Command) else ZYGOTE
         agent_end = None
-        if command.role == AGENT:
+        if role == AGENT:
             agent_end, child_end = socket.socketpair()
         in_session, session_made = os.pipe()
         # until the child has its own handlers, a signal must not run the zygote's in it
@@ -118,8 +139,9 @@ class Zygote:
                 agent_end.close()
                 channel_fd = child_end.detach()
             self._leave_to_child()
-            become(command, fds, channel_fd)  # ends by unblocking CHILD_SIGNALS
-            return command
+            if isinstance(command, Command):
+                become(command, fds, channel_fd)  # ends by unblocking CHILD_SIGNALS
+            return command  # a clone unblocks them once it has handlers of its own
         signal.pthread_sigmask(signal.SIG_UNBLOCK, CHILD_SIGNALS)
         os.close(session_made)
         os.read(in_session, 1)  # returns once the child has its session (or has died)
@@ -131,9 +153,9 @@ class Zygote:
             agent = Channel(agent_end, agent_pid=pid)
             self.channels[agent_end.fileno()] = agent
             self.selector.register(agent_end, selectors.EVENT_READ)
-        self.children[pid] = Child(channel, request, command.role)
+        self.children[pid] = Child(channel, request, role)
         self._send(channel, {"op": "started", "id": request, "pid": pid})
-        if command.role == WORKER and owner is not None:
+        if role == WORKER and owner is not None:
             self._send(self.control, {"op": "worker", "agent": owner, "pid": pid})
         return None
 
@@ -217,6 +239,20 @@ def preload(modules: list[str]) -> tuple[list[str], dict[str, str], str | None]:
     return imported, failed, None
 
 
+def _serve_as_clone(clone: Clone, stop_grace_s: float, ready: dict) -> Command | Clone | None:
+    for fd in (1, 2):
+        os.dup2(clone.log_fd, fd)
+    os.close(clone.log_fd)
+    control = socket.socket(fileno=clone.channel_fd)
+    zygote = Zygote(control, stop_grace_s)  # its handlers replace the source's
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, CHILD_SIGNALS)
+    try:
+        send_message(control, ready)
+    except OSError:
+        return None
+    return zygote.serve()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="trainflow-zygote")
     parser.add_argument("--channel-fd", type=int, required=True)
@@ -226,9 +262,10 @@ def main() -> None:
     control = socket.socket(fileno=options.channel_fd)
     started = time.monotonic()
     imported, failed, unfit = preload(options.preload)
+    ready = {"op": "ready" if unfit is None else "unfit", "imported": imported, "failed": failed,
+             "reason": unfit, "import_s": round(time.monotonic() - started, 3)}
     try:
-        send_message(control, {"op": "ready" if unfit is None else "unfit", "imported": imported, "failed": failed,
-                               "reason": unfit, "import_s": round(time.monotonic() - started, 3)})
+        send_message(control, ready)
     except OSError:
         return  # the launcher has gone while this was importing
     if unfit is not None:
@@ -237,6 +274,8 @@ def main() -> None:
     # walk, and so copy, every page of it
     gc.freeze()
     command = Zygote(control, options.stop_grace_s).serve()
+    while isinstance(command, Clone):  # this process is a clone: a zygote of its own from here on
+        command = _serve_as_clone(command, options.stop_grace_s, {**ready, "import_s": 0.0})
     if command is None:
         sys.stdout.flush()
         sys.stderr.flush()
