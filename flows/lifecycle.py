@@ -37,20 +37,22 @@ from tasks.quota import release_quota, wait_for_quota
 from tasks.reporting import report_attempt, report_checkpoint, report_run, start_report
 from tasks.snapshot import snapshot_checkpoint
 from tasks.teardown import teardown
-from tasks.tracking import new_run_id, start_tracking
+from tasks.tracking import start_tracking
 from tasks.validate import validate_spec
 from tasks.watch import watch_attempt
 from trainflow.orchestrator import live
 from trainflow.drills.chaos import FaultPlan
 from trainflow.orchestrator.interrupts import signal_name, teardown_not_interrupted
+from trainflow.run_id import checked_run_id, new_run_id
 from trainflow.spec import RunSpec, load_spec
 
 
 @flow(name="training-lifecycle", flow_run_name="{spec.name}")
-def training_lifecycle(spec: RunSpec, resume: bool = False):
+def training_lifecycle(spec: RunSpec, resume: bool = False, run_id: str | None = None):
     """Train `spec` to its last step, recovering from failures; with `resume`, continue from the
-    newest verified checkpoint under the spec's checkpoint URI."""
-    return lifecycle(spec, resume)
+    newest verified checkpoint under the spec's checkpoint URI. `run_id`: the id a caller chose
+    ahead (`trainflow run`, for what it started before the flow); by default a new one."""
+    return lifecycle(spec, resume, run_id=run_id)
 
 
 @flow(name="faulted-lifecycle", flow_run_name="{spec.name}-with-faults")
@@ -60,9 +62,9 @@ def faulted_lifecycle(spec: RunSpec, chaos: list[FaultPlan]):
     return lifecycle(spec, resume=False, chaos=chaos)
 
 
-def lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None = None):
+def lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None = None, run_id: str | None = None):
     spec = validate_spec(spec)
-    run_id = new_run_id(spec)
+    run_id = checked_run_id(run_id) if run_id else new_run_id(spec)
     record = provisioned = launched = summary = quota = None
     stopped_by = None
     try:

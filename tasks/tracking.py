@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 
 from prefect import get_client, get_run_logger
 from prefect.runtime import deployment, flow_run
@@ -32,10 +31,6 @@ def deployment_name() -> str | None:
     except Exception as exc:  # noqa: BLE001 - the audit tags say "flow" rather than fail the run
         get_run_logger().warning("could not read the flow run's deployment: %s: %s", type(exc).__name__, exc)
         return None
-
-
-def new_run_id(spec: RunSpec) -> str:
-    return f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
 
 
 def name_flow_run(flow_run_id: str, run_id: str) -> None:

@@ -31,10 +31,10 @@ class BuildsImage(Protocol):
 
 @runtime_checkable
 class StartsAhead(Protocol):
-    """Can start something the run will need (standby interpreters) before the flow does; the
-    context ends what the provisioning did not take."""
+    """Can start something the run will need (standby interpreters, marked with the run's id)
+    before the flow does; the context ends what the provisioning did not take."""
 
-    def head_start(self, spec: RunSpec) -> AbstractContextManager[None]: ...
+    def head_start(self, spec: RunSpec, run_id: str) -> AbstractContextManager[None]: ...
 
 
 @runtime_checkable

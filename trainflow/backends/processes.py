@@ -15,15 +15,14 @@ import psutil
 from trainflow.worker_config import JOB_ENV
 
 
-def job_processes(*markers: str) -> list[psutil.Process]:
-    """Live processes whose environment marks them as part of this job (its run id, or another
-    marker the job's processes carry)."""
+def job_processes(run_id: str) -> list[psutil.Process]:
+    """Live processes whose environment marks them as part of this job."""
     found = []
     for proc in psutil.process_iter():
         if proc.pid == os.getpid():
             continue
         try:
-            if proc.environ().get(JOB_ENV) in markers and proc.status() != psutil.STATUS_ZOMBIE:
+            if proc.environ().get(JOB_ENV) == run_id and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
@@ -56,10 +55,10 @@ def terminate(processes: list[psutil.Process], grace_s: float) -> int:
     return len(processes)
 
 
-def wait_until_gone(*markers: str, timeout_s: float) -> list[psutil.Process]:
+def wait_until_gone(run_id: str, timeout_s: float) -> list[psutil.Process]:
     deadline = time.monotonic() + timeout_s
     while True:
-        survivors = job_processes(*markers)
+        survivors = job_processes(run_id)
         if not survivors or time.monotonic() > deadline:
             return survivors
         time.sleep(0.1)

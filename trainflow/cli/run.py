@@ -11,6 +11,7 @@ import typer
 from trainflow.cli.output import fail_input, finish, live_progress
 from trainflow.cli.quota import quota_problem
 from trainflow.cli.signals import orchestrating
+from trainflow.run_id import new_run_id
 from trainflow.spec import SpecError, load_spec
 
 
@@ -35,22 +36,23 @@ def run(
         problem = quota_problem(spec)
         if problem:
             fail_input(problem)
-        with head_start(spec):
+        run_id = new_run_id(spec)
+        with head_start(spec, run_id):
             from flows.lifecycle import training_lifecycle
 
             with live_progress():
-                state = training_lifecycle(spec, resume=resume, return_state=True)
+                state = training_lifecycle(spec, resume=resume, run_id=run_id, return_state=True)
     finish(state, as_json)
 
 
-def head_start(spec):
-    """What the backend can start while the orchestrator imports and plans (the local backend's
-    standby interpreters), handed to the run's provisioning; ended with the command if not taken."""
+def head_start(spec, run_id: str):
+    """What the backend can start for the run while the orchestrator imports and plans (the local
+    backend's standby interpreter), handed to its provisioning; ended with the command if not taken."""
     from trainflow.backends import launcher_for
     from trainflow.backends.abilities import StartsAhead
 
     launcher = launcher_for(spec)
-    return launcher.head_start(spec) if isinstance(launcher, StartsAhead) else nullcontext()
+    return launcher.head_start(spec, run_id) if isinstance(launcher, StartsAhead) else nullcontext()
 
 
 def rerun(

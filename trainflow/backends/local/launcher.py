@@ -55,13 +55,13 @@ class LocalLauncher:
             raise SpecError(problem)
 
     @staticmethod
-    def head_start(spec):
-        """Around `trainflow run`: the zygotes of a warm run on the host's network start before the
+    def head_start(spec, run_id: str):
+        """Around `trainflow run`: the zygote of a warm run on the host's network starts before the
         flow does (warm_pools.head_start), or nothing."""
         config = local_config(spec)
         if not config.warm_workers or config.network != LocalNetwork.loopback:
             return nullcontext()
-        stand_in = LocalAllocation(run_id="", backend="local", nodes=spec.resources.nodes, scratch=Path(os.devnull),
+        stand_in = LocalAllocation(run_id=run_id, backend="local", nodes=spec.resources.nodes, scratch=Path(os.devnull),
                                    ports={}, slots=[])
         return head_start(spec, agent_environment(spec, stand_in, 0, Path(os.devnull)), runs_root())
 
@@ -207,10 +207,9 @@ class LocalLauncher:
             signal_session(session, signal.SIGCONT)
             signal_session(session, signal.SIGKILL)
         report.released_standbys = close_pools(allocation.warm_pools)
-        markers = {allocation.run_id, *(pool.tag for pool in allocation.warm_pools.values())}
-        leftovers = job_processes(*markers)
+        leftovers = job_processes(allocation.run_id)
         report.stopped_processes = terminate(leftovers, grace_s=2.0) if leftovers else 0
-        report.survivors = [describe(p) for p in wait_until_gone(*markers, timeout_s=5.0)]
+        report.survivors = [describe(p) for p in wait_until_gone(allocation.run_id, timeout_s=5.0)]
         network = allocation.network
         if network is not None:
             report.survivors.extend(network.destroy())

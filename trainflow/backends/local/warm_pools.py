@@ -4,10 +4,9 @@ for each attempt's agent; ended, and counted, at release.
 
 On the host's network only the first slot's zygote imports; the other slots' zygotes are its
 clones, forked at their first launch with every import done. `trainflow run` also gives that
-zygote a head start: once the spec is valid it starts it, so that it imports torch while the
-orchestrator imports Prefect and MLflow and plans the run, and the provisioning takes it instead
-of starting its own. A head start's zygotes carry a job marker of their own (their forks inherit
-it), which the release searches besides the run's."""
+zygote a head start: once the spec is valid it starts it, marked with the run id the flow will
+use, so that it imports torch while the orchestrator imports Prefect and MLflow and plans the
+run, and the provisioning takes it instead of starting its own."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ import os
 import socket
 import subprocess
 import sys
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -43,7 +41,6 @@ class WarmPool:
 
     slot: int
     log_path: Path
-    tag: str  # the job marker in its environment, and so in every process it forks
     preload: list[str]
     env: dict[str, str] = field(repr=False)
     process: subprocess.Popen | ForkedProcess | None = None
@@ -129,12 +126,11 @@ def start_pools(spec, slots: list[int], scratch: Path, env: dict[str, str], wrap
 
 @contextmanager
 def head_start(spec, env: dict[str, str], folder: Path) -> Iterator[None]:
-    """A zygote for a run on the host's network starts now; if no provisioning has taken it when
-    the block ends, it is ended. `env` is its environment but for the job marker; its log waits
-    in `folder` until a provisioning takes it."""
-    tag = f"warm-{uuid.uuid4().hex[:12]}"
+    """A zygote for a run on the host's network starts now, with `env` (whose job marker is the
+    run's id); if no provisioning has taken it when the block ends, it is ended. Its log waits in
+    `folder` until a provisioning takes it."""
     folder.mkdir(parents=True, exist_ok=True)
-    pool = _start(0, _preload(spec), _grace_s(spec), folder / f"{tag}.log", {**env, JOB_ENV: tag}, None)
+    pool = _start(0, _preload(spec), _grace_s(spec), folder / f"{env[JOB_ENV]}.warm.log", env, None)
     _HEAD_START.append(pool)
     try:
         yield
@@ -150,14 +146,10 @@ _HEAD_START: list[WarmPool] = []  # started by head_start, not yet taken
 
 def _take_head_start(preload: list[str], env: dict[str, str]) -> WarmPool | None:
     for pool in _HEAD_START:
-        if pool.preload == preload and _unmarked(pool.env) == _unmarked(env) and pool.alive:
+        if pool.preload == preload and pool.env == env and pool.alive:
             _HEAD_START.remove(pool)
             return pool
     return None
-
-
-def _unmarked(env: dict[str, str]) -> dict[str, str]:
-    return {key: value for key, value in env.items() if key != JOB_ENV}
 
 
 def _preload(spec) -> list[str]:
@@ -179,11 +171,11 @@ def _start(slot: int, preload: list[str], grace_s: float, log_path: Path, env: d
                                    stdout=log_file, stderr=subprocess.STDOUT, pass_fds=[theirs.fileno()],
                                    start_new_session=True)
     theirs.close()
-    return WarmPool(slot, log_path, env.get(JOB_ENV, ""), preload, env, process=process, channel=ZygoteChannel(ours))
+    return WarmPool(slot, log_path, preload, env, process=process, channel=ZygoteChannel(ours))
 
 
 def _clone_of(source: WarmPool, slot: int, log_path: Path) -> WarmPool:
-    return WarmPool(slot, log_path, source.tag, source.preload, source.env, source=source)
+    return WarmPool(slot, log_path, source.preload, source.env, source=source)
 
 
 def _why_not_ready(pool: WarmPool) -> str:
