@@ -8,7 +8,7 @@ import soak_bench
 from trainflow.contracts.recovery import PHASES as RECOVERY_PHASES
 
 STEPS = 2000  # the orchestration tax's run length
-ROUNDS = 3  # and its interleaved rounds
+ROUNDS = 5  # and its interleaved rounds
 FIRST_PARTS = ("orchestration", "drills", "checkpoint")
 PARTS = (*FIRST_PARTS, "reference_goodput", "soak", "fsdp_tp")
 
