@@ -36,11 +36,12 @@ def home(tmp_path, monkeypatch):
     return tmp_path / "home"
 
 
-def test_the_provisioning_takes_the_head_start_and_the_release_ends_it(home):
+def test_the_provisioning_takes_the_head_start_and_the_release_ends_it(home, monkeypatch):
     spec = load_spec(SPEC, [])
     launcher = LocalLauncher()
     with launcher.head_start(spec, RUN_ID):
         [early] = marked(RUN_ID)
+        monkeypatch.setenv("_MLFLOW_TELEMETRY_SESSION_ID", "set by MLflow as the orchestrator starts tracking")
         assert (home / "runs" / f"{RUN_ID}.warm.log").exists()
         allocation = launcher.provision(spec, RUN_ID, home / "runs" / RUN_ID)
         first, second = allocation.warm_pools[0], allocation.warm_pools[1]

@@ -146,10 +146,20 @@ _HEAD_START: list[WarmPool] = []  # started by head_start, not yet taken
 
 def _take_head_start(preload: list[str], env: dict[str, str]) -> WarmPool | None:
     for pool in _HEAD_START:
-        if pool.preload == preload and pool.env == env and pool.alive:
+        if pool.preload == preload and _comparable(pool.env) == _comparable(env) and pool.alive:
             _HEAD_START.remove(pool)
             return pool
     return None
+
+
+# what the orchestrator's own libraries set in its environment for themselves while it starts (an
+# MLflow telemetry session, Prefect's settings): no preloaded module reads them at import, and the
+# forked processes get the environment of their own request
+_ORCHESTRATORS_OWN = ("PREFECT_", "MLFLOW_", "_MLFLOW_")
+
+
+def _comparable(env: dict[str, str]) -> dict[str, str]:
+    return {key: value for key, value in env.items() if not key.startswith(_ORCHESTRATORS_OWN)}
 
 
 def _preload(spec) -> list[str]:
