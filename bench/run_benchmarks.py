@@ -113,7 +113,10 @@ def drills(env: dict) -> dict:
     reports = {}
     for kind in DRILLS:
         extra = {
-            "storage-outage": ["--set", f"checkpoint.uri=s3://{env['BENCH_BUCKET']}/drill", "--duration", "5"],
+            # training must outlast the outage: at ~2 ms steps, 80 steps end inside it and the last
+            # step's commit fails with the store (INFRA), where the drill expects it ridden through
+            "storage-outage": ["--set", f"checkpoint.uri=s3://{env['BENCH_BUCKET']}/drill", "--duration", "5",
+                               "--set", "workload.steps=4000", "--set", "checkpoint.every_steps=200"],
             # a straggler needs steps left to straggle through after the injection starts
             "straggler": ["--set", "workload.steps=600", "--set", "checkpoint.every_steps=100", "--duration", "6"],
         }.get(kind, [])
