@@ -247,6 +247,20 @@ def test_only_peer_errors_are_a_communication_failure():
     assert outcome == Outcome.INFRA and "Connection reset by peer" in reason
 
 
+def test_a_plain_scripts_error_is_the_cause_though_its_peer_exited_first_quoting_the_lost_connection():
+    # no runtime error reports: only the ranks' exits and stderr; rank 0 noticed rank 1's end first
+    exits = [NodeExit(0, 1, ranks=(RankExit(0, 0, 1, observed_at=20.0, root_cause=True,
+                                            stderr_tail=(f"[rank0]: RuntimeError: {PEER}",)),)),
+             NodeExit(1, 1, ranks=(RankExit(1, 0, 1, observed_at=21.0, root_cause=True,
+                                            stderr_tail=("RuntimeError: the data folder /data/shard-1 is empty",)),))]
+    outcome, reason = classify_exit(exits, status(), world_size=2, plain=True)
+    assert outcome == Outcome.USER_ERROR
+    assert "rank 1 on node 1" in reason and "the data folder /data/shard-1 is empty" in reason
+    only_the_echo = [exits[0]]
+    _, reason = classify_exit(only_the_echo, status(), world_size=2, plain=True)
+    assert "rank 0 on node 0" in reason and "Connection reset by peer" in reason  # nothing else to go by
+
+
 def test_an_exception_reported_before_a_signal_death_is_the_cause():
     errors = [{"rank": 1, "node": 1, "type": "ValueError", "step": 4, "message": "bad batch", "t": 50.5}]
     exits = [NodeExit(0, 1, ranks=(RankExit(0, 0, -11, observed_at=52.0, root_cause=True),)),

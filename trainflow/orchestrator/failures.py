@@ -59,12 +59,14 @@ def last_line(lines: tuple[str, ...] | list[str]) -> str:
 
 def rank_failures(exits: list[NodeExit], status: AttemptStatus) -> list[RankFailure]:
     """Every failure that could be the cause, earliest first. A rank that only reported a peer's
-    disappearance, or that its own agent stopped after a node-mate failed, is a symptom and left out."""
+    disappearance (in its error report, or as the last line of its stderr), or that its own agent
+    stopped after a node-mate failed, is a symptom and left out, unless there is nothing else."""
     reports: dict[int, dict] = {}
     for error in status.errors:
         reports.setdefault(int(error.get("rank", -1)), error)
     victims = {rank for rank, error in reports.items() if is_peer_failure(error)}
     found: dict[int, RankFailure] = {}
+    echoes: dict[int, RankFailure] = {}  # exits whose last stderr line is only a peer's going away
     for rank, error in reports.items():
         if rank not in victims:
             found[rank] = RankFailure(rank, int(error.get("node", -1)), error.get("t"), error=error)
@@ -80,13 +82,17 @@ def rank_failures(exits: list[NodeExit], status: AttemptStatus) -> list[RankFail
             if rank_exit.rank in victims or stopped_by_agent:
                 continue
             known = found.get(rank_exit.rank)
-            found[rank_exit.rank] = RankFailure(
+            failure = RankFailure(
                 rank_exit.rank, node_exit.node, known.at if known else rank_exit.observed_at,
                 error=known.error if known else None, exitcode=rank_exit.exitcode,
                 stderr_tail=rank_exit.stderr_tail,
             )
+            echo = known is None and is_peer_failure({"message": last_line(rank_exit.stderr_tail)})
+            (echoes if echo else found)[rank_exit.rank] = failure
+    if not found:  # nothing but echoes: they are the evidence there is
+        found.update(echoes)
     symptomatic = {int(reports[r].get("node", -1)) for r in victims}
-    reported_nodes = {f.node for f in found.values()}
+    reported_nodes = {f.node for f in [*found.values(), *echoes.values()]}
     for node_exit in nodes_without_ranks:
         if node_exit.node in symptomatic or node_exit.node in reported_nodes:
             continue
