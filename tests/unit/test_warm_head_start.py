@@ -7,27 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import psutil
 import pytest
 
+from tests.integration.conftest import job_processes as marked
 from trainflow.backends.local.launcher import LocalLauncher
 from trainflow.run_id import checked_run_id
 from trainflow.spec import load_spec
-from trainflow.worker_config import JOB_ENV
 
 SPEC = Path(__file__).resolve().parents[2] / "examples" / "digits" / "spec.yaml"
 RUN_ID = "digits-head-start-1"
-
-
-def marked(run_id: str) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get(JOB_ENV) == run_id and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
 
 
 @pytest.fixture
