@@ -67,6 +67,13 @@ class DumpsStacks(Protocol):
 
 
 @runtime_checkable
+class KnowsRankProcesses(Protocol):
+    """Can name each running rank's process without the rank's own report (plain scripts)."""
+
+    def rank_processes(self, handle: AttemptHandle, nodes: list[int]) -> dict[int, int]: ...
+
+
+@runtime_checkable
 class BindsStatusElsewhere(Protocol):
     """Workers reach the status channel from outside this host, so it binds to this address."""
 

@@ -17,9 +17,10 @@ import traceback
 def main() -> None:
     from torch.distributed.run import main as torchrun
 
-    from trainflow.backends.quick_rendezvous import install_from_environment
+    from trainflow.backends import rank_records, quick_rendezvous
 
-    install_from_environment()
+    quick_rendezvous.install_from_environment()
+    rank_records.install_from_environment()
 
     code = 0
     try:

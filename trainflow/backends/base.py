@@ -49,6 +49,7 @@ class AttemptHandle:
     processes: dict[int, Any] = field(default_factory=dict)
     slots: list[int] = field(default_factory=list)  # the node slot each node of this attempt runs in
     workers: dict[int, list] = field(default_factory=dict)  # backend's view of each node's worker processes
+    rank_records: dict[int, Path] = field(default_factory=dict)  # where each node's agent records its ranks (rank_records)
     pause_at_step: int | None = None  # drills: every rank waits at this step until the fault is in
     warm_nodes: int = 0  # nodes whose agent and ranks a standby interpreter forked (warm workers)
 
@@ -70,12 +71,19 @@ class NodeExit:
     node: int
     returncode: int | None  # None while running; negative: killed by that signal
     workers_lost: bool = field(default=False, kw_only=True)  # a worker died; its agent still runs
+    # every worker exited 0; its agent still runs (at torchrun's exit barrier, waiting for the other nodes)
+    workers_finished: bool = field(default=False, kw_only=True)
     worker_returncode: int | None = field(default=None, kw_only=True)  # the failed worker's own code
     ranks: tuple[RankExit, ...] = field(default=(), kw_only=True)  # per failed rank, where the backend knows
 
     @property
     def running(self) -> bool:
         return self.returncode is None
+
+    @property
+    def done(self) -> bool:
+        """Its workers are through with the job: the node exited 0, or waits for the others to."""
+        return self.returncode == 0 or (self.running and self.workers_finished)
 
     @property
     def failing(self) -> bool:

@@ -30,6 +30,7 @@ from trainflow.backends.local.warm_pools import close_pools, head_start, start_p
 from trainflow.backends.netns import NetworkError, NodeNetwork, cut_node_link
 from trainflow.backends.parent_death import ending_with_this_process
 from trainflow.backends.ports import free_port, is_listening
+from trainflow.backends.rank_records import RECORDS_ENV, read_exits, read_ranks, records_path
 from trainflow.backends.processes import describe, job_processes, signal_session, terminate, wait_until_gone
 from trainflow.backends.torchrun_report import failed_ranks, root_cause_exitcode, stderr_tail
 from trainflow.backends.worker import worker_config
@@ -111,6 +112,8 @@ class LocalLauncher:
             config_path = config.write(attempt_dir / f"node-{node}.json")
             log_path = attempt_dir / f"node-{node}.log"
             env = agent_environment(spec, allocation, node, config_path)
+            handle.rank_records[node] = records_path(attempt_dir, node)
+            env[RECORDS_ENV] = str(handle.rank_records[node])
             pool = allocation.warm_pools.get(slot)
             with open(open_private(log_path, append=True), "ab") as log:
                 warm = pool.start_agent(torchrun_arguments(spec, allocation, plan, node, slot, attempt_dir), env,
@@ -129,15 +132,21 @@ class LocalLauncher:
         return handle
 
     def poll(self, handle: AttemptHandle) -> list[NodeExit]:
-        """Agents' exit codes, and a dead worker noticed before its agent has reacted (the agent
-        takes most of a second to notice, stop its other workers and exit)."""
+        """Agents' exit codes, a worker that died noticed before its agent has reacted (the agent
+        takes most of a second to notice, stop its other workers and exit), and a node whose workers
+        all exited 0 while its agent waits for the other nodes."""
         exits = []
         for node, proc in sorted(handle.processes.items()):
             code = proc.poll()
-            lost = code is None and any(not alive(w) for w in node_workers(handle, node, proc))
+            workers = node_workers(handle, node, proc) if code is None else []
+            ended = read_exits(handle.rank_records[node]) if code is None else {}
+            # a worker can start and end between two polls: the agent's record knows it all the same
+            lost = any(c != 0 for c in ended.values()) or any(not alive(w) and ended.get(w.pid) != 0 for w in workers)
+            finished = len(ended) == handle.procs_per_node and not any(ended.values())
             worker_code = root_cause_exitcode(handle.logs[node]) if code not in (None, 0) else None
             ranks = self._failed_ranks(handle, node) if code not in (None, 0) else ()
-            exits.append(NodeExit(node, code, workers_lost=lost, worker_returncode=worker_code, ranks=ranks))
+            exits.append(NodeExit(node, code, workers_lost=lost, workers_finished=finished, worker_returncode=worker_code,
+                                  ranks=ranks))
         return exits
 
     @staticmethod
@@ -179,6 +188,14 @@ class LocalLauncher:
 
     def dump_stacks(self, handle: AttemptHandle, pids_by_rank: dict[int, int]) -> dict[int, str]:
         return rank_stacks(pids_by_rank)
+
+    def rank_processes(self, handle: AttemptHandle, nodes: list[int]) -> dict[int, int]:
+        """Global rank -> pid of the given nodes' ranks still running, as their agents started them."""
+        found = {}
+        for node in nodes:
+            exited = read_exits(handle.rank_records[node])
+            found.update({rank: pid for rank, pid in read_ranks(handle.rank_records[node]).items() if pid not in exited})
+        return found
 
     def replace_node(self, allocation: LocalAllocation, slot: int) -> bool:
         """Bring a failed node slot back for the next attempt; False when it cannot come back."""

@@ -1,0 +1,110 @@
+"""Each rank's pid and global rank when its node's agent starts it, and its exit status the moment
+torchrun reaps it: a file per node, one JSON line per event.
+
+From outside, a rank that has gone looks the same whether it finished or died: its agent reaps it
+and only reacts to a failure. A node whose ranks all exited 0 waits at torchrun's exit barrier for
+the others; one whose rank died is about to stop its other ranks and exit with a failure report.
+The orchestrator tells the two apart by this file. It also names each rank's process, which a
+plain script's ranks never report themselves (a forked warm worker's /proc environment is its
+zygote's, so RANK cannot be read from outside)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+RECORDS_ENV = "TRAINFLOW_RANK_RECORDS"  # the file; in the agent's environment, not passed on to ranks
+
+
+def records_path(attempt_dir: Path, node: int) -> Path:
+    return attempt_dir / f"node-{node}.ranks"
+
+
+def read_exits(path: Path) -> dict[int, int]:
+    """pid -> exit code (negative: the signal) of every rank that has exited; {} before any."""
+    return _pairs(path, "pid", "code")
+
+
+def read_ranks(path: Path) -> dict[int, int]:
+    """Global rank -> pid of every rank started, exited or not."""
+    return _pairs(path, "rank", "pid")
+
+
+def _pairs(path: Path, key: str, value: str) -> dict[int, int]:
+    pairs: dict[int, int] = {}
+    for entry in _entries(path):
+        try:
+            pairs[int(entry[key])] = int(entry[value])
+        except (ValueError, KeyError, TypeError):
+            continue  # an event of the other kind
+    return pairs
+
+
+def _entries(path: Path) -> list[dict]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    entries = []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # not a line this module wrote
+        if isinstance(entry, dict):
+            entries.append(entry)
+    return entries
+
+
+def _append(path: str, entry: dict) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (json.dumps(entry) + "\n").encode())  # one short write: never seen half-written
+    finally:
+        os.close(fd)
+
+
+class RecordedProcess:
+    """torchrun's handle on one rank (a Popen, or a warm worker's stand-in), which records the exit
+    status the first time a poll or wait returns it."""
+
+    def __init__(self, proc, local_rank: int, rank: int, path: str):
+        self._proc = proc
+        self._local_rank = local_rank
+        self._path = path
+        self._recorded = False
+        _append(path, {"pid": proc.pid, "local_rank": local_rank, "rank": rank})
+
+    def poll(self):
+        return self._record(self._proc.poll())
+
+    def wait(self, *args, **kwargs):
+        return self._record(self._proc.wait(*args, **kwargs))
+
+    def __getattr__(self, name):
+        return getattr(self._proc, name)
+
+    def _record(self, code):
+        if code is not None and not self._recorded:
+            self._recorded = True
+            _append(self._path, {"pid": self._proc.pid, "local_rank": self._local_rank, "code": code})
+        return code
+
+
+def install_from_environment() -> None:
+    """In the agent, before torchrun starts: every rank handle torchrun makes records its exit."""
+    path = os.environ.pop(RECORDS_ENV, None)
+    if not path:
+        return
+    from torch.distributed.elastic.multiprocessing import api
+
+    make_handler = api.get_subprocess_handler  # torchrun's, or the warm workers' forking one
+
+    def recording_handler(*args, **kwargs):
+        handler = make_handler(*args, **kwargs)
+        rank = int(kwargs["env"].get("RANK", -1))
+        handler.proc = RecordedProcess(handler.proc, kwargs["local_rank_id"], rank, path)
+        return handler
+
+    api.get_subprocess_handler = recording_handler
