@@ -1,8 +1,11 @@
 """Outcomes a team can trust, with real torchrun workers: a script error at start-up is the user's
 and quotes the script's own error line; a segfault whose node-mate reports a peer error is a crash
-of that rank; plain torchrun scripts run, fail with their own exception, and may start slowly."""
+of that rank; plain torchrun scripts run, fail with their own exception, may start slowly, and a
+rank that never exits after its peers finished is a hang of that rank, with its stacks."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -68,6 +71,28 @@ def test_a_plain_script_that_raises_shows_its_exception(cli_env):
     assert [a["outcome"] for a in summary["attempts"]] == ["USER_ERROR"]
     assert "RuntimeError: the data folder /data/shard-1 is empty" in summary["reason"]
     assert "rank 1" in summary["reason"]
+
+
+@pytest.mark.parametrize("warm", ["true", "false"])
+def test_a_rank_that_does_not_exit_after_its_peers_finished_is_a_hang_of_its_node(cli_env, warm):
+    # node 1's rank exits 0 and its agent waits at torchrun's exit barrier: that node is done, not
+    # lost; rank 0 trained too but a thread it forgot keeps its interpreter from ending
+    result = run_cli(["run", SPEC, "--set", "workload.entrypoint=tests/integration/workloads/linger_at_exit.py",
+                      "--set", "workload.mode=plain", "--set", "workload.args=[--linger, '-1']",
+                      "--set", f"resources.warm_workers={warm}", "--set", "fault_tolerance.exit_timeout_s=3",
+                      "--set", "fault_tolerance.max_restarts=0", "--json"], cli_env)
+    assert result.returncode == 1, result.stderr[-4000:]
+    summary = summary_of(result)
+    assert [a["outcome"] for a in summary["attempts"]] == ["HUNG"], summary["reason"]
+    assert "node 0 still running" in summary["reason"] and "after node 1 finished" in summary["reason"]
+    client = MlflowClient(summary["tracking_uri"])
+    [child] = client.search_runs([client.get_run(summary["mlflow_run_id"]).info.experiment_id],
+                                 filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'")
+    stacks = [a.path for a in client.list_artifacts(child.info.run_id, "stacks")]
+    assert stacks == ["stacks/rank-0.txt"]  # the rank still running, not its finished peer
+    stack = Path(client.download_artifacts(child.info.run_id, stacks[0])).read_text()
+    assert '"forgotten"' in stack, stack  # the thread that holds it, by name
+    assert job_processes(summary["run_id"]) == []
 
 
 def test_a_slow_starting_plain_script_is_not_killed(cli_env):

@@ -322,3 +322,54 @@ def test_the_loss_is_the_mean_over_ranks_and_final_loss_the_mean_of_their_last_l
     assert {value for key, value, _, _ in rows if key == "lr"} == {0.1}  # rank 0's, as logged
     assert result.finished["loss"] == 0.5 and result.finished["params_sha256"] == "ab" * 32
     assert result.totals["steps"] == 3  # rank 0's steps, counted once
+
+
+class ScriptedExits(StandInLauncher):
+    """Each poll answers the next node exits of a script; the last one stays."""
+
+    def __init__(self, script: list[list[NodeExit]]):
+        super().__init__(2)
+        self.script = script
+        self.polls = 0
+
+    def poll(self, handle):
+        self.polls += 1
+        return list(self.script[min(self.polls, len(self.script)) - 1])
+
+
+def plain_watcher(channel, launcher, **limits) -> AttemptWatcher:
+    handle = AttemptHandle(attempt=1, nodes=2, started_at=time.time(), logs={})
+    return AttemptWatcher(launcher, handle, channel, WatchLimits(heartbeat_timeout_s=1, hang_timeout_s=1, **limits),
+                          2, 0, lambda rows: None, lambda event: None, plain=True)
+
+
+def test_a_node_whose_workers_finished_is_not_a_crash_while_its_peer_still_works(channel):
+    # node 1's worker exits 0 and is gone before its agent records the code; node 1's agent then
+    # waits at torchrun's exit barrier while node 0 works on for a while (rank 0 saving the model)
+    gone = [NodeExit(0, None), NodeExit(1, None, workers_lost=True)]
+    waiting = [NodeExit(0, None), NodeExit(1, None, workers_finished=True)]
+    launcher = ScriptedExits([gone] * 5 + [waiting] * 40 + [[NodeExit(0, 0), NodeExit(1, 0)]])
+    started = time.monotonic()
+    result = plain_watcher(channel, launcher, exit_timeout_s=60).run(poll_s=0.01)
+    assert result.outcome == Outcome.SUCCEEDED, result.reason
+    assert launcher.polls >= 46  # it watched on through node 0's extra work
+    assert time.monotonic() - started < 20  # and did not wait out a dead worker's agent (60 s)
+
+
+def test_a_node_still_running_long_after_its_peer_finished_is_a_hang_of_that_node(channel):
+    launcher = ScriptedExits([[NodeExit(0, None), NodeExit(1, None, workers_finished=True)], [NodeExit(0, None), NodeExit(1, 0)]])
+    started = time.monotonic()
+    result = plain_watcher(channel, launcher, exit_timeout_s=0.5).run(poll_s=0.02)
+    assert result.outcome == Outcome.HUNG
+    assert 0.5 <= time.monotonic() - started < 10
+    assert "node 0 still running" in result.reason and "after node 1 finished" in result.reason, result.reason
+    assert "fault_tolerance.exit_timeout_s" in result.reason
+    assert result.evidence["running_nodes"] == [0] and result.evidence["finished_nodes"] == [1]
+
+
+def test_a_dead_worker_is_still_a_crash(channel):
+    # a worker gone without a recorded exit 0, whose agent then reports the failure
+    gone = [NodeExit(0, None), NodeExit(1, None, workers_lost=True)]
+    launcher = ScriptedExits([gone] * 5 + [[NodeExit(0, None), NodeExit(1, 1, worker_returncode=-11)]])
+    result = plain_watcher(channel, launcher, exit_timeout_s=60).run(poll_s=0.01)
+    assert result.outcome == Outcome.CRASHED, result.reason

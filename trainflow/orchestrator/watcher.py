@@ -7,6 +7,9 @@
 - straggler: a rank's compute time stays above a factor of the others' median; reported, not fatal
 - storage outage: no progress for the hang timeout while ranks report being blocked in a call to
   the checkpoint store; INFRA with the last storage error, not a hang
+- exit: a node's ranks are still running `exit_timeout_s` after another node's all exited 0 (a
+  rank deadlocked at interpreter exit, a thread that never ends): a hang, with the stacks of the
+  ranks still running
 - start-up: no rank reports within `startup_timeout_s` of launch, or none steps within it: a hang
   before the first step (with stacks), never an infrastructure failure
 
@@ -24,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainflow.backends import AttemptHandle, Launcher
-from trainflow.backends.abilities import DescribesNodes, DumpsStacks, ProbesNodes
+from trainflow.backends.abilities import DescribesNodes, DumpsStacks, KnowsRankProcesses, ProbesNodes
 from trainflow.orchestrator.failures import AttemptResult, Outcome, classify_exit, rank_failures
 from trainflow.orchestrator.status import AttemptStatus, StatusServer
 from trainflow.orchestrator.attempt_metrics import AttemptMetrics
@@ -49,6 +52,7 @@ class WatchLimits:
     straggler_factor: float = 1.5
     straggler_steps: int = 5
     startup_timeout_s: float = 600.0
+    exit_timeout_s: float = 300.0
 
     def hang_after(self, status: AttemptStatus) -> float:
         if self.hang_timeout_s is not None:
@@ -90,6 +94,7 @@ class AttemptWatcher:
         self._storage_calls: dict[int, dict] = {}  # rank -> the storage call it is blocked in
         self._storage_error = ""  # the last failed checkpoint's reason
         self._leaving_since: float | None = None
+        self._done_since: float | None = None  # when the first node was through with the job
 
     def run(self, poll_s: float = 0.1) -> AttemptResult:
         try:
@@ -111,7 +116,14 @@ class AttemptWatcher:
         exits = self.launcher.poll(self.handle)
         status = self.channel.snapshot()
         if any(e.failing for e in exits) or all(not e.running for e in exits):
-            return self._ended_by_exit(exits, now)
+            verdict = self._ended_by_exit(exits, now)
+            if verdict is not None:
+                return verdict
+            exits = self.launcher.poll(self.handle)  # the workers that had gone had finished
+        if any(e.done for e in exits):
+            verdict = self._exit_overdue(exits, status, now)
+            if verdict is not None:
+                return verdict
 
         if self.plain:
             return None
@@ -172,12 +184,30 @@ class AttemptWatcher:
             return set(status.ranks)  # every rank stops at the same control point
         return set(status.finished_ranks) | {int(e.get("rank", -1)) for e in status.errors}
 
-    def _ended_by_exit(self, exits, detected_at: float) -> AttemptResult:
+    def _exit_overdue(self, exits, status: AttemptStatus, now: float) -> AttemptResult | None:
+        """Nodes still running long after another node's workers were through with the job: a rank
+        that does not exit (a deadlock at interpreter exit, a forgotten thread) holds the job, and
+        plain scripts have no heartbeats that would show it."""
+        since = self._done_since = self._done_since or now
+        if now - since <= self.limits.exit_timeout_s:
+            return None
+        done = [e.node for e in exits if e.done]
+        running = [e.node for e in exits if not e.done]
+        reason = (f"node {_nodes(running)} still running {now - since:.0f}s after node {_nodes(done)} finished "
+                  f"(fault_tolerance.exit_timeout_s: {self.limits.exit_timeout_s:g}s)")
+        evidence = {"finished_nodes": done, "running_nodes": running, "exit_timeout_s": self.limits.exit_timeout_s}
+        return self._hung(reason, status, now, since, evidence, nodes=running)
+
+    def _ended_by_exit(self, exits, detected_at: float) -> AttemptResult | None:
+        """The verdict on an attempt a node has ended or failed; None when the workers that had
+        gone turn out to have finished, and other nodes still run."""
         deadline = time.monotonic() + AGENT_EXIT_WAIT_S
         # a worker is gone but its agent still runs: its exit code and failure report are still to come
         while any(e.workers_lost for e in exits) and time.monotonic() < deadline:
             time.sleep(0.05)
             exits = self.launcher.poll(self.handle)
+        if not any(e.failing for e in exits) and any(e.running for e in exits):
+            return None
         # an exited worker's last reports (its steps, its error) may still be in its socket: decide
         # once the channel has read every exited node's connections to their end
         exited = [e.node for e in exits if not e.running]
@@ -216,18 +246,23 @@ class AttemptWatcher:
         evidence = {"storage_calls": list(self._storage_calls.values())}
         return self._result(Outcome.INFRA, reason, status, now, first["since"], evidence)
 
-    def _hung(self, reason, status, detected_at, failed_at, evidence) -> AttemptResult:
+    def _hung(self, reason, status, detected_at, failed_at, evidence, nodes=None) -> AttemptResult:
         result = self._result(Outcome.HUNG, reason, status, detected_at, failed_at, evidence)
-        result.evidence["stacks"] = self._stacks(status)
+        result.evidence["stacks"] = self._stacks(status, nodes)
         return result
 
     def _probe(self, node: int) -> str:
         return self.launcher.probe(self.handle, node) if isinstance(self.launcher, ProbesNodes) else "unknown"
 
-    def _stacks(self, status: AttemptStatus) -> dict[int, str]:
+    def _stacks(self, status: AttemptStatus, nodes=None) -> dict[int, str]:
+        """Every rank's stacks (of the given nodes' ranks); a plain script's ranks, which report
+        nothing, as far as the backend knows their processes."""
         if not isinstance(self.launcher, DumpsStacks):
             return {}
-        return self.launcher.dump_stacks(self.handle, {r.rank: r.pid for r in status.ranks.values() if r.pid})
+        pids = {r.rank: r.pid for r in status.ranks.values() if r.pid and (nodes is None or r.node in nodes)}
+        if not status.ranks and isinstance(self.launcher, KnowsRankProcesses):
+            pids = self.launcher.rank_processes(self.handle, nodes if nodes is not None else list(self.handle.processes))
+        return self.launcher.dump_stacks(self.handle, pids)
 
     def _watch_stragglers(self, status: AttemptStatus) -> None:
         found, scores = self._straggler_watch.check(status)
@@ -294,3 +329,7 @@ class AttemptWatcher:
         if rows:
             self.on_metrics(rows)
         self._flushed_at = time.monotonic()
+
+
+def _nodes(nodes: list[int]) -> str:
+    return ", ".join(str(n) for n in nodes)

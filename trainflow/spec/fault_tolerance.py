@@ -53,6 +53,13 @@ class FaultTolerance(Section):
         description="From launch to every rank's first step (imports, data, rendezvous, restore); past it "
         "the attempt is HUNG, with stacks. Plain scripts are not limited.",
     )
+    exit_timeout_s: Annotated[float, Field(gt=0, le=86400)] = Field(
+        default=300.0,
+        title="Exit timeout (s)",
+        description="Once one node's ranks have all exited 0, the other nodes' ranks must exit within this "
+        "(torchrun's exit barrier waits as long); past it the attempt is HUNG, with the stacks of the ranks "
+        "still running.",
+    )
     preemption_grace_s: Annotated[float, Field(gt=0, le=3600)] = Field(
         default=30.0, title="Preemption grace (s)", description="Time from SIGTERM to SIGKILL: the emergency checkpoint must fit."
     )
