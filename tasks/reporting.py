@@ -215,13 +215,14 @@ def summary_markdown(summary: RunSummary | dict, mlflow: dict[str, str]) -> str:
     keeps the rest."""
     s = summary if isinstance(summary, RunSummary) else RunSummary.model_validate(summary)
     f = s.costs
+    steps_seen = "progress" not in s.features_off  # a plain script reports no steps
     lines = [
         f"# {s.run_id}",
         "",
-        f"| Status | {s.status} at step {s.final_step} of {s.total_steps} |",
+        f"| Status | {s.status}" + (f" at step {s.final_step} of {s.total_steps} |" if steps_seen else " |"),
         "|---|---|",
         f"| Reason | {_cell(s.reason)} |",
-        f"| Goodput | {percent(s.goodput)} of {seconds(f.wall_s)} |",
+        f"| Goodput | {percent(s.goodput) if steps_seen else 'not measured'} of {seconds(f.wall_s)} |",
         f"| Steps run | {f.steps_run}, mean step {milliseconds(f.mean_step_time_s)} |",
         f"| Lost work | {f.lost_steps} steps, {seconds(f.lost_work_s)} |",
         f"| Failure detection, recovery | {seconds(f.detection_s_total)}, {seconds(f.recovery_s_total)} |",

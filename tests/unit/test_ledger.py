@@ -150,6 +150,15 @@ def test_closing_lines_print_commands_that_work(monkeypatch):
     assert "temporary server" in temporary and "0-1-2" in temporary
 
 
+def test_closing_lines_of_a_plain_script_claim_no_steps_and_no_goodput():
+    summary = summary_of(crash_then_success(), features_off=["progress", "checkpoints"], final_step=0)
+    lines = closing_lines(summary, None)
+    assert lines[0] == "run digits-x: SUCCEEDED"
+    assert "  attempt 1: CRASHED" in lines and "  attempt 2: SUCCEEDED" in lines
+    assert "  goodput: not measured (no step reports)" in lines
+    assert not any("step 0" in line or "goodput 0" in line for line in lines)
+
+
 def test_closing_lines_never_show_tracking_credentials():
     summary = summary_of(crash_then_success(), tracking_uri="https://bob:s3cret@mlflow.example:8443").as_json_dict()
     text = "\n".join(closing_lines(summary, None))

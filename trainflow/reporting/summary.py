@@ -52,7 +52,8 @@ def closing_lines(summary: RunSummary | dict, prefect_ui_url: str | None) -> lis
     """The summary a person reads at the end of `trainflow run`. `prefect_ui_url`: the UI of the
     Prefect server the run was recorded on, or None for a temporary one (gone with the command)."""
     s = summary if isinstance(summary, RunSummary) else RunSummary.model_validate(summary)
-    lines = [f"run {s.run_id}: {s.status.upper()} at step {s.final_step}/{s.total_steps}"]
+    steps_seen = "progress" not in s.features_off  # a plain script reports no steps
+    lines = [f"run {s.run_id}: {s.status.upper()}" + (f" at step {s.final_step}/{s.total_steps}" if steps_seen else "")]
     if s.status != "succeeded":
         lines.append(f"  reason: {s.reason}")
     if s.features_off:
@@ -60,8 +61,9 @@ def closing_lines(summary: RunSummary | dict, prefect_ui_url: str | None) -> lis
     if s.final_loss is not None:
         lines.append(f"  final loss {s.final_loss:.4f}, params sha256 {str(s.params_sha256)[:16]}...")
     for row in s.attempts:
-        lines.append(f"  attempt {row.attempt}: {row.outcome.value} (from step {row.resumed_from_step} to {row.last_step})")
-    lines.append(f"  goodput {percent(s.goodput)}")
+        steps = f" (from step {row.resumed_from_step} to {row.last_step})" if steps_seen else ""
+        lines.append(f"  attempt {row.attempt}: {row.outcome.value}{steps}")
+    lines.append(f"  goodput {percent(s.goodput)}" if steps_seen else "  goodput: not measured (no step reports)")
     if s.checkpoints:
         lines.append(f"  latest checkpoint: {s.checkpoints[-1].uri}")
     if s.quota is not None:
