@@ -111,7 +111,7 @@ def paused_run(tmp_path_factory, prefect_api):
         run_dir = config_path.parent.parent
         config = json.loads(config_path.read_text())
         seen["modes"] = {
-            str(p.relative_to(home)): stat.S_IMODE(p.stat().st_mode)
+            str(p.relative_to(home)): (p.is_dir(), stat.S_IMODE(p.stat().st_mode))
             for p in [run_dir, config_path.parent, *run_dir.glob("node-*"), *run_dir.glob("attempt-1/node-*")]
         }
         seen["nobody_cat"] = as_nobody("cat", str(config_path))
@@ -142,9 +142,10 @@ def paused_run(tmp_path_factory, prefect_api):
 
 def test_a_second_user_cannot_read_the_token(paused_run):
     modes = paused_run["modes"]
-    folders = {path: mode for path, mode in modes.items() if not path.endswith((".json", ".log"))}
-    files = {path: mode for path, mode in modes.items() if path.endswith((".json", ".log"))}
-    assert len(folders) >= 4 and len(files) >= 4, modes  # the run, its attempt, both node scratches; configs, logs
+    folders = {path: mode for path, (is_dir, mode) in modes.items() if is_dir}
+    files = {path: mode for path, (is_dir, mode) in modes.items() if not is_dir}
+    # the run, its attempt, both node scratches; the nodes' configs, logs and rank records
+    assert len(folders) >= 4 and len(files) >= 6, modes
     assert set(folders.values()) == {0o700}, folders
     assert set(files.values()) == {0o600}, files
     for denied in (paused_run["nobody_cat"], paused_run["nobody_ls"]):
