@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import boto3
+import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -21,6 +22,7 @@ from tests.integration.conftest import (
     BIN, BUCKET, job_processes, run_cli, s3_environment, start_server, stop_server, summary_of,
 )
 from trainflow.backends.ports import free_port
+from trainflow.backends.rank_records import read_ranks
 
 pytestmark = pytest.mark.integration
 
@@ -124,19 +126,22 @@ def own_s3(tmp_path):
 
 
 def resume_once_the_attempt_is_gone(home: Path, server: subprocess.Popen, done: threading.Event) -> None:
-    """SIGCONT the frozen endpoint once the first attempt's workers have been stopped."""
+    """SIGCONT the frozen endpoint once the first attempt's ranks have been stopped (the nodes'
+    standby interpreters stay for the next attempt)."""
     deadline = time.monotonic() + 300
-    seen: set[str] = set()
     while time.monotonic() < deadline and not done.is_set():
-        runs = [p.name for p in (home / "runs").glob("*")] if (home / "runs").is_dir() else []
-        for run_id in runs:
-            if job_processes(run_id):
-                seen.add(run_id)
-            elif run_id in seen:
-                os.kill(server.pid, signal.SIGCONT)
-                return
+        ranks = [pid for path in home.glob("runs/*/attempt-1/node-*.ranks") for pid in read_ranks(path).values()]
+        if len(ranks) == 2 and not any(running(pid) for pid in ranks):
+            break
         time.sleep(0.5)
     os.kill(server.pid, signal.SIGCONT)
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def first_attempt_evidence(summary: dict, folder: Path) -> dict:
