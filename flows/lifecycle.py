@@ -43,6 +43,7 @@ from tasks.watch import watch_attempt
 from trainflow.orchestrator import live
 from trainflow.drills.chaos import FaultPlan
 from trainflow.orchestrator.interrupts import signal_name, teardown_not_interrupted
+from trainflow.contracts import RunSummary
 from trainflow.run_id import checked_run_id, new_run_id
 from trainflow.spec import RunSpec, load_spec
 
@@ -112,7 +113,7 @@ def lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None = None,
     summary["quota"] = quota.as_dict() if quota else None
     report_run(record, summary)
     if summary["status"] == "succeeded":
-        return Completed(message=f"finished at step {summary['final_step']}", data=summary)
+        return Completed(message="finished" + RunSummary.model_validate(summary).at_step(), data=summary)
     return Failed(message=summary["reason"], data=summary)
 
 

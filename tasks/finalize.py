@@ -95,5 +95,5 @@ def finalize(
     result = summary.as_json_dict()
     tracker.log_json(run, result, "summary.json")
     tracker.end_run(run, "FINISHED" if status == "succeeded" else "FAILED")
-    get_run_logger().info("run %s %s at step %d: %s", record.run_id, status, summary.final_step, decision.reason)
+    get_run_logger().info("run %s %s%s: %s", record.run_id, status, summary.at_step(), decision.reason)
     return result

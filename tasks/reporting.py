@@ -157,19 +157,21 @@ def report_run(record: RunRecord, summary: dict) -> None:
     spec = record.spec
     report = _reports.pop(record.run_id, None)
     succeeded = summary["status"] == "succeeded"
+    steps = RunSummary.model_validate(summary).at_step()
     if report is not None and report.progress_id is not None:
         attempt = summary["attempts"][-1]["attempt"] if summary["attempts"] else 0
         update_progress_artifact(
             report.progress_id,
             100.0 if succeeded else min(100.0, 100.0 * summary["final_step"] / spec.workload.steps),
-            description=f"{summary['status']}: " + _describe(report, attempt, summary["final_step"]),
+            description=f"{summary['status']}: " + (_describe(report, attempt, summary["final_step"]) if steps
+                                                    else f"attempt {attempt}"),
         )
     mlflow = mlflow_link(record)
     pictures = plots_markdown(summary, mlflow["url"])
     create_markdown_artifact(
         summary_markdown(summary, mlflow) + pictures,
         key=f"{spec.name}-summary",
-        description=f"{record.run_id}: {summary['status']} at step {summary['final_step']} of {spec.workload.steps}",
+        description=f"{record.run_id}: {summary['status']}" + (f"{steps} of {spec.workload.steps}" if steps else ""),
     )
     _emit(
         RUN_SUCCEEDED if succeeded else RUN_FAILED,
@@ -215,7 +217,7 @@ def summary_markdown(summary: RunSummary | dict, mlflow: dict[str, str]) -> str:
     keeps the rest."""
     s = summary if isinstance(summary, RunSummary) else RunSummary.model_validate(summary)
     f = s.costs
-    steps_seen = "progress" not in s.features_off  # a plain script reports no steps
+    steps_seen = s.steps_reported
     lines = [
         f"# {s.run_id}",
         "",

@@ -83,7 +83,8 @@ def watch_attempt(launched: Launched) -> AttemptResult:
     finally:
         live.end_commits(record.run_id, handle.attempt)
     log = logger.info if result.outcome.value == "SUCCEEDED" else logger.warning
-    log("attempt %d ended %s at step %d: %s", result.attempt, result.outcome.value, result.last_step, result.reason)
+    at_step = "" if watcher.plain else f" at step {result.last_step}"  # a plain script reports no steps
+    log("attempt %d ended %s%s: %s", result.attempt, result.outcome.value, at_step, result.reason)
     for failed in result.evidence.get("failed_ranks", [])[:1]:
         if failed["stderr_tail"]:  # the failing rank's own last words, where people look first
             logger.warning("last stderr lines of %s:\n%s", f"rank {failed['rank']}" if failed["rank"] is not None

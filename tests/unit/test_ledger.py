@@ -159,6 +159,12 @@ def test_closing_lines_of_a_plain_script_claim_no_steps_and_no_goodput():
     assert not any("step 0" in line or "goodput 0" in line for line in lines)
 
 
+def test_only_a_run_that_reported_its_steps_names_the_step_it_ended_at():
+    assert summary_of(crash_then_success()).at_step() == " at step 100"
+    plain = summary_of(crash_then_success(), features_off=["progress"], final_step=0)
+    assert not plain.steps_reported and plain.at_step() == ""
+
+
 def test_closing_lines_never_show_tracking_credentials():
     summary = summary_of(crash_then_success(), tracking_uri="https://bob:s3cret@mlflow.example:8443").as_json_dict()
     text = "\n".join(closing_lines(summary, None))

@@ -56,6 +56,15 @@ class RunSummary(BaseModel):
     drift: list[str] | None = None
     original_params_sha256: str | None = None
 
+    @property
+    def steps_reported(self) -> bool:
+        """Whether the ranks reported their steps; a plain script's ranks (no trainflow.runtime) do not."""
+        return "progress" not in self.features_off
+
+    def at_step(self) -> str:
+        """' at step N' for a run whose steps were reported, else nothing."""
+        return f" at step {self.final_step}" if self.steps_reported else ""
+
     def as_json_dict(self) -> dict[str, Any]:
         """The `--json` object: the fields that were set, JSON-typed (outcomes as their names; a
         value JSON has no type for, in a backend's teardown report, as its text)."""

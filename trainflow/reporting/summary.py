@@ -52,7 +52,7 @@ def closing_lines(summary: RunSummary | dict, prefect_ui_url: str | None) -> lis
     """The summary a person reads at the end of `trainflow run`. `prefect_ui_url`: the UI of the
     Prefect server the run was recorded on, or None for a temporary one (gone with the command)."""
     s = summary if isinstance(summary, RunSummary) else RunSummary.model_validate(summary)
-    steps_seen = "progress" not in s.features_off  # a plain script reports no steps
+    steps_seen = s.steps_reported
     lines = [f"run {s.run_id}: {s.status.upper()}" + (f" at step {s.final_step}/{s.total_steps}" if steps_seen else "")]
     if s.status != "succeeded":
         lines.append(f"  reason: {s.reason}")
