@@ -220,9 +220,10 @@ dist.destroy_process_group()
 '''
 
 
-def test_a_ddp_rank_forked_after_the_preload_imports_nothing_heavy_for_its_first_step(tmp_path):
-    """DDP's constructor imports torch._dynamo (sympy, FX) on first use: half a second of every
-    rank's start when the zygote has not imported it."""
+def test_the_preload_leaves_torch_dynamo_to_the_rank(tmp_path):
+    """A rank forked from a process that imported torch._dynamo deadlocks at exit far more often in
+    torch 2.13 (docs/warm-workers.md), so the rank imports it itself, as DDP's constructor does:
+    neither the preload nor anything it imports brings it in."""
     from trainflow.backends.ports import free_port
 
     script = tmp_path / "plain.py"
@@ -231,6 +232,4 @@ def test_a_ddp_rank_forked_after_the_preload_imports_nothing_heavy_for_its_first
                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     imported_late = json.loads(result.stdout.strip().splitlines()[-1])
-    heavy = [name for name in imported_late if name.startswith(("torch._dynamo", "sympy", "torch.fx", "torch._inductor"))]
-    assert not heavy, heavy
-    assert len(imported_late) <= 3, imported_late
+    assert "torch._dynamo" in imported_late

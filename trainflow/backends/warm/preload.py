@@ -17,9 +17,10 @@ AGENT_MODULES = ("torch", "torch.distributed", "torch.distributed.run", "trainfl
                  "torch.distributed.elastic.agent.server.local_elastic_agent",
                  "torch.distributed.elastic.rendezvous.dynamic_rendezvous",
                  "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend")
-# DDP's constructor imports torch._dynamo (sympy, the FX tracer): half a second or more, in every
-# attempt's every rank, before its first step
-RANK_MODULES = ("torch.nn.parallel", "torch._dynamo")
+# Not torch._dynamo, though DDP's constructor imports it (0.8 s of each rank's start): ranks forked
+# from a process that imported it deadlock at exit far more often in torch 2.13's gloo race
+# (docs/warm-workers.md: 15 of 200 forks, against 0 of 200 that import it themselves)
+RANK_MODULES = ("torch.nn.parallel",)
 RUNTIME_MODULES = ("trainflow.runtime", "torch.distributed.checkpoint", "torch.distributed.fsdp",
                    "torch.nn.parallel")
 
