@@ -34,6 +34,7 @@ def main() -> None:
         optimizer.step()
     print(f"rank {rank} of {os.environ['WORLD_SIZE']} done", flush=True)
     dist.barrier()  # without it a rank can abort at exit while its peer still ends the last all-reduce
+    del model, optimizer, loss  # before the group: freed after it, it can deadlock (docs/scripts.md)
     dist.destroy_process_group()
 
 
