@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
+import time
 import uuid
 
 import pytest
@@ -104,6 +106,28 @@ def test_the_upload_helper_process_uploads_and_reports_failures(storage, tmp_pat
     finally:
         agent.close()
     assert proc.poll() is not None  # gone with its pipe
+
+
+def test_the_upload_helper_process_exits_when_closed_while_a_fork_holds_its_input(storage, tmp_path):
+    """A DataLoader worker forked after the helper started holds the rank's end of the helper's
+    input: closing the pipe alone would not end the helper, being told to does."""
+    (tmp_path / "f").write_bytes(b"x")
+    agent = TransferAgent(storage.uri)
+    worker = None
+    try:
+        agent.upload_many([(tmp_path / "f", "run/f")])
+        proc = agent._proc
+        worker = os.fork()
+        if worker == 0:
+            time.sleep(60)
+            os._exit(0)
+        agent.close()
+    finally:
+        agent.close()
+        if worker:
+            os.kill(worker, signal.SIGKILL)
+            os.waitpid(worker, 0)
+    assert proc.returncode == 0  # it exited itself, not killed after close()'s 10 s
 
 
 def test_the_upload_helper_process_reports_an_unreachable_endpoint(monkeypatch, tmp_path):

@@ -6,8 +6,15 @@ GIL from the training loop for as long as an upload lasts (measured: steps 20-30
 snapshot uploads, none with the upload in its own process). Each rank therefore hands its uploads
 to one long-lived child process over a pipe — JSON lines, one request and one reply at a time.
 The child runs at its parent thread's CPU priority (the background save's), inherits the
-environment (endpoint, credentials, the job's marker for teardown) and exits when the pipe closes,
-so it never outlives its rank.
+environment (endpoint, credentials, the job's marker for teardown) and exits when asked to or when
+the pipe closes, so it never outlives its rank.
+
+The agent is started from the background save's thread while the training thread may be forking
+(a DataLoader starting its workers). A process forked while Popen runs inherits the pipes Popen has
+open, among them the one Popen reads until its child has exec'd, and keeps them as long as it lives:
+Popen then waits for that DataLoader worker, not for the agent, and the save never finishes. So forks
+wait while an agent is being started. A fork later still inherits the rank's ends of the agent's
+pipes, which is why the agent is told to exit rather than left to see the end of its input.
 """
 
 from __future__ import annotations
@@ -20,6 +27,10 @@ import threading
 from pathlib import Path
 
 from trainflow.checkpoint.storage import StorageError
+
+
+_STARTING = threading.Lock()  # held while an agent is started; os.fork() waits for it
+os.register_at_fork(before=_STARTING.acquire, after_in_parent=_STARTING.release, after_in_child=_STARTING.release)
 
 
 class TransferAgent:
@@ -37,7 +48,11 @@ class TransferAgent:
         with self._lock:
             proc, self._proc = self._proc, None
         if proc is not None:
-            proc.stdin.close()  # the agent exits at end of input
+            try:
+                proc.stdin.write(json.dumps({"op": "exit"}) + "\n")
+                proc.stdin.close()
+            except OSError:
+                pass  # it has exited already
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
@@ -64,10 +79,11 @@ class TransferAgent:
 
     def _start(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "trainflow.checkpoint.transfer_agent", self.uri],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
-            )
+            with _STARTING:
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "trainflow.checkpoint.transfer_agent", self.uri],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+                )
         return self._proc
 
 
@@ -80,6 +96,8 @@ def serve(uri: str) -> None:
     storage = open_storage(uri)
     for line in sys.stdin:
         request = json.loads(line)
+        if request["op"] == "exit":
+            return
         try:
             if request["op"] == "upload":
                 storage.upload_many([(Path(path), key) for path, key in request["pairs"]])
