@@ -186,3 +186,33 @@ def test_a_closed_connection_is_counted_only_once_everything_it_sent_is_applied(
     snapshot = server.snapshot()  # no waiting on the step itself: the count alone says it is in
     assert server.open_connections([0]) == 0
     assert snapshot.ranks[0].step == 199 and snapshot.errors[0]["message"] == "boom"
+
+
+def drain(q) -> list:
+    items = []
+    while not q.empty():
+        items.append(q.get_nowait())
+    return items
+
+
+def test_what_an_attempt_sent_after_its_watch_ended_is_not_the_next_attempts(server, connect):
+    """The ranks of a released attempt report their deaths (a DataLoader worker gone, a peer's closed
+    connection) while their attempt is still the channel's: the next attempt's watcher must not log
+    them or count their steps as its own."""
+    old0 = connect(0)
+    old0.progress(20)
+    old0.send("error", type="RuntimeError", message="DataLoader worker exited unexpectedly")
+    old0.progress(21)
+    seen_at(server, 0, 21)  # so the error before it is queued too
+    assert [e["kind"] for e in drain(server.events)] == ["error"]  # the current attempt's, while it is
+    old0.send("error", type="RuntimeError", message="Connection closed by peer")
+    old0.progress(22)
+    seen_at(server, 0, 22)
+    server.begin_attempt(2, world_size=2)
+    assert server.events.empty() and server.steps.empty() and server.metrics.empty()
+    new0 = connect(0, attempt=2, pid=2000)
+    new0.send("error", type="ValueError", message="the new attempt's own")
+    new0.progress(3)
+    seen_at(server, 0, 3)
+    assert [(e["attempt"], e["message"]) for e in drain(server.events)] == [(2, "the new attempt's own")]
+    assert [report.step for report in drain(server.steps)] == [3]

@@ -119,6 +119,14 @@ class StatusServer:
         """From now on only attempt `attempt` counts; it has `world_size` ranks (None: as announced)."""
         with self._lock:
             self._attempt = AttemptStatus(attempt=attempt, world_size=world_size)
+            # what the last attempt's workers sent after its watch ended (errors of ranks being
+            # stopped, their last steps) is theirs: the next watcher must not read it as its own
+            for queued in (self.steps, self.metrics, self.events):
+                while True:
+                    try:
+                        queued.get_nowait()
+                    except queue.Empty:
+                        break
 
     def snapshot(self) -> AttemptStatus:
         """A consistent copy of what is known about the current attempt."""
@@ -283,16 +291,17 @@ class StatusServer:
             if newly_finished:  # rank 0's hash is the run's; the loss is the mean over the ranks
                 losses = {r: m["loss"] for r, m in current.finished_ranks.items() if m.get("loss") is not None}
                 current.finished = {**current.finished_ranks[0], "loss": mean_over_ranks(losses) if losses else None}
-        if kind == "progress":
-            for entry in message["steps"]:
-                self.steps.put(StepReport.of_entry(identity.rank, entry, message["t"]))
-        elif kind == "resources":  # named like MLflow's system metrics, one set per node
-            figures = {f"system/node_{identity.node}/{name}": value for name, value in message["figures"].items()}
-            self.metrics.put((current.max_step(), message["t"], figures))
-        elif kind in ("checkpoint", "restored", "error", "started", "preempted", "diverged", "storage", "layout"):
-            self.events.put(message)
-        if newly_finished:
-            self.events.put(current.finished)
+            # queued under the lock, so that begin_attempt() drops all of the last attempt's
+            if kind == "progress":
+                for entry in message["steps"]:
+                    self.steps.put(StepReport.of_entry(identity.rank, entry, message["t"]))
+            elif kind == "resources":  # named like MLflow's system metrics, one set per node
+                figures = {f"system/node_{identity.node}/{name}": value for name, value in message["figures"].items()}
+                self.metrics.put((current.max_step(), message["t"], figures))
+            elif kind in ("checkpoint", "restored", "error", "started", "preempted", "diverged", "storage", "layout"):
+                self.events.put(message)
+            if newly_finished:
+                self.events.put(current.finished)
         return None
 
     @staticmethod
