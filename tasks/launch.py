@@ -56,10 +56,12 @@ def choose_retry_point(failed: Launched, resume: bool, previous: Committed | Non
                 return previous
             logger.warning("checkpoint store unreadable, trying again in %ds: %s", wait_s, exc)
             time.sleep(wait_s)
+    # the ranks restore the newest copy that verifies, and a node-local one may be newer than this
+    local = " (or from a newer copy on the nodes' own disks)" if spec.checkpoint.local_tier else ""
     if found is None:
-        logger.info("no verified checkpoint under %s: starting from step 0", spec.checkpoint.uri)
+        logger.info("no verified checkpoint under %s: resuming from step 0%s", spec.checkpoint.uri, local)
     else:
-        logger.info("resuming from step %d (%s)", found.step, found.prefix)
+        logger.info("resuming from step %d (%s)%s", found.step, found.prefix, local)
     return found
 
 
@@ -89,10 +91,12 @@ def launch_attempt(
     handle = provisioned.launcher.launch(spec, provisioned.allocation, plan)
     handle.pause_at_step = plan.pause_at_step  # the drill's injector waits for every rank there
     resumed_from_step = restore_from.step if restore_from else 0
+    newer_local = " or a newer node-local copy" if attempt > 1 and spec.checkpoint.local_tier else ""
     # the node folder goes at teardown: point at where the logs are kept
     get_run_logger().info(
-        "attempt %d: %d node(s) started (%d warm) from step %d; its logs are kept in MLflow run %s, nested run "
+        "attempt %d: %d node(s) started (%d warm) from step %d%s; its logs are kept in MLflow run %s, nested run "
         "%s-attempt-%d (artifacts logs/), once it ends",
-        attempt, handle.nodes, handle.warm_nodes, resumed_from_step, record.mlflow_run_id, record.run_id, attempt,
+        attempt, handle.nodes, handle.warm_nodes, resumed_from_step, newer_local, record.mlflow_run_id, record.run_id,
+        attempt,
     )
     return Launched(ready, spec, handle, resumed_from_step)
