@@ -72,6 +72,7 @@ def main() -> None:
         with open(args.out, "w") as handle:
             json.dump({"launched_at": float(os.environ.get("BENCH_LAUNCHED_AT", started)), "stamps": stamps}, handle)
     dist.barrier()  # a rank may abort at exit while its peer still ends the last collective (docs/scripts.md)
+    del model, optimizer, loss  # before the group: freed after it, it can deadlock at exit (docs/scripts.md)
     dist.destroy_process_group()
 
 
