@@ -11,6 +11,8 @@ import subprocess
 import threading
 import time
 
+import psutil
+
 from trainflow.backends.warm.child import NotForkable
 from trainflow.backends.warm.protocol import ChannelClosed, receive_message, send_message
 
@@ -125,7 +127,7 @@ class ForkedProcess:
         if self.returncode is None:
             self.channel.pump(0)
             self.returncode = self.channel.exit_status(self.pid)
-            if self.returncode is None and self.channel.closed and not _exists(self.pid):
+            if self.returncode is None and self.channel.closed and not psutil.pid_exists(self.pid):
                 self.returncode = -signal.SIGKILL  # its zygote is gone, and so is it: status unknown
         return self.returncode
 
@@ -157,13 +159,3 @@ class ForkedProcess:
     def forked_workers(self) -> list[int]:
         """The ranks the zygote forked for this process (an agent)."""
         return list(self.channel.workers.get(self.pid, []))
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
