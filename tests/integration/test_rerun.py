@@ -63,6 +63,19 @@ def test_rerun_refuses_changed_code_and_creates_nothing(finished_runs: FinishedR
     assert counts(finished_runs) == before
 
 
+def test_rerun_that_its_teams_quota_can_never_hold_is_bad_input(finished_runs: FinishedRuns):
+    env, team = finished_runs.env, "usage-vision"  # the original's team; its 2 nodes x 1 process need 2 devices
+    before = counts(finished_runs)
+    assert run_cli(["quota", "set", team, "--devices", "1"], env).returncode == 0
+    try:
+        result = run_cli(["rerun", finished_runs.original["mlflow_run_id"], "--json"], env)
+    finally:
+        assert run_cli(["quota", "delete", team], env).returncode == 0
+    assert result.returncode == 2, (result.stdout[-2000:], result.stderr[-2000:])
+    assert result.stderr.strip().splitlines()[-1].startswith("trainflow: resources: the run needs 2 devices")
+    assert counts(finished_runs) == before
+
+
 def test_rerun_of_an_unknown_run_is_bad_input(finished_runs: FinishedRuns):
     result = run_cli(["rerun", "0" * 32], finished_runs.env)
     assert result.returncode == 2

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from trainflow.cli.output import EXIT_FAILED, fail_input
+from trainflow.cli.quota import quota_problem
 from trainflow.cli.signals import orchestrating, stop_on_sigterm
 from trainflow.spec import SpecError, load_spec
 
@@ -52,6 +53,9 @@ def drill(
         fail_input(str(exc))
 
     with orchestrating():
+        problem = quota_problem(drill_spec(spec, plan))
+        if problem:
+            fail_input(problem)
         from flows.drill import fault_drill
 
         state = fault_drill(spec, plan, fresh_baseline=fresh_baseline, compare_torchrun=compare_torchrun,

@@ -82,6 +82,9 @@ def rerun(
         fail_input(refusal(recorded, drift))
 
     with orchestrating():
+        problem = quota_problem(recorded.spec)
+        if problem:
+            fail_input(problem)
         from flows.rerun import rerun_training
 
         with live_progress():
