@@ -4,11 +4,13 @@ checkpoint: the run that fails over ends bit-identical to an uninterrupted one."
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import run_cli, summary_of, unique_prefix
+from tests.integration.conftest import job_processes, run_cli, summary_of, unique_prefix
+from trainflow.backends.job_tmp import job_temp_dir
 
 pytestmark = pytest.mark.integration
 
@@ -50,3 +52,23 @@ def test_dataloader_job_resumes_exactly_from_a_mid_epoch_checkpoint(cli_env, tmp
     assert resumed["final_step"] == 30
     assert resumed["params_sha256"] == uninterrupted["params_sha256"]
     assert last_losses(tmp_path / "resumed") == [zero, one] and resumed["final_loss"] == uninterrupted["final_loss"]
+
+
+def multiprocessing_folders() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).glob("pymp-*")}
+
+
+@pytest.mark.timeout(600)
+def test_ranks_stopped_with_their_loader_workers_leave_no_temporary_files(cli_env):
+    """Rank 1 dies; its agent stops rank 0 and its DataLoader workers, which get no chance to remove
+    what multiprocessing made in TMPDIR: the job's own temporary folder, gone with the teardown."""
+    before = multiprocessing_folders()
+    result = run_cli(["run", "examples/digits/spec.yaml", "--set", "workload.args=[--die-at-step, '5']",
+                      "--set", "fault_tolerance.max_restarts=0", "--set", f"checkpoint.uri={unique_prefix()}", *JOB],
+                     cli_env, timeout_s=420)
+    assert result.returncode == 1, result.stderr[-4000:]
+    summary = summary_of(result)
+    assert [a["outcome"] for a in summary["attempts"]] == ["CRASHED"], summary["attempts"]
+    assert job_processes(summary["run_id"]) == []
+    assert not job_temp_dir(summary["run_id"]).exists()
+    assert multiprocessing_folders() - before == set()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 
+from trainflow.backends.job_tmp import job_temp_dir
 from trainflow.backends.processes import job_processes, terminate
 from trainflow.home import runs_root
 
@@ -84,6 +85,7 @@ def _clear(run_id: str, scratch: Path, network: dict | None) -> int:
 
         NodeNetwork.from_record(network).destroy()
     shutil.rmtree(scratch, ignore_errors=True)
+    shutil.rmtree(job_temp_dir(run_id), ignore_errors=True)
     return len(leftovers)
 
 

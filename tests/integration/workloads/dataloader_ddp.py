@@ -2,11 +2,13 @@
 two worker processes, a random augmentation in the dataset) and dropout in the model, so an exact
 resume needs the data position, the workers' randomness and the global RNG all restored.
 With --stop-at-step N the first attempt commits a checkpoint at step N and every rank exits 3.
-With --losses DIR every rank writes the loss it logged at the final step to DIR/rank-R.txt."""
+With --losses DIR every rank writes the loss it logged at the final step to DIR/rank-R.txt.
+With --die-at-step N rank 1 dies there (os._exit, no cleanup) while rank 0's loader workers run."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -34,6 +36,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--stop-at-step", type=int, default=0)
     parser.add_argument("--losses", type=Path)
+    parser.add_argument("--die-at-step", type=int, default=0)
     args = parser.parse_args()
 
     run = tf.init()
@@ -56,6 +59,8 @@ def main() -> None:
         run.log(loss=loss.item(), epoch=loader.epoch)
         if args.losses is not None and step == run.total_steps:
             (args.losses / f"rank-{run.rank}.txt").write_text(repr(loss.item()))
+        if step == args.die_at_step and run.rank == 1:
+            os._exit(1)
         if step == args.stop_at_step and run.config.attempt == 1:
             run.checkpoint()  # returns once committed: the retry resumes here, mid-epoch
             sys.exit(3)

@@ -16,6 +16,7 @@ import psutil
 
 from trainflow.backends import register
 from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, NodeExit, RankExit, ReleaseReport
+from trainflow.backends.job_tmp import job_temp_dir
 from trainflow.backends.local.agent_command import (
     LOOPBACK,
     agent_command,
@@ -112,6 +113,7 @@ class LocalLauncher:
             config_path = config.write(attempt_dir / f"node-{node}.json")
             log_path = attempt_dir / f"node-{node}.log"
             env = agent_environment(spec, allocation, node, config_path)
+            env["TMPDIR"] = str(private_folder(job_temp_dir(allocation.run_id) / f"node-{slot}"))
             handle.rank_records[node] = records_path(attempt_dir, node)
             env[RECORDS_ENV] = str(handle.rank_records[node])
             pool = allocation.warm_pools.get(slot)
@@ -237,4 +239,5 @@ class LocalLauncher:
             else:
                 report.released_ports.append(port)
         report.remove_folder(allocation.scratch)
+        report.remove_folder(job_temp_dir(allocation.run_id))
         return report

@@ -9,6 +9,7 @@ import os
 import runpy
 import signal
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,6 +72,7 @@ def become(command: Command, stdio: list[int], channel_fd: int | None) -> None:
     os.chdir(command.cwd)
     os.environ.clear()
     os.environ.update(command.env)
+    tempfile.tempdir = None  # the zygote's choice is cached: the command's TMPDIR counts from here on
     if channel_fd is not None:
         os.environ[CHANNEL_FD_ENV] = str(channel_fd)
     for target, fd in enumerate(stdio):
