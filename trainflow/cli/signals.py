@@ -3,6 +3,7 @@ code says which signal stopped it, and a Prefect API outlives the flow's teardow
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -17,6 +18,25 @@ from trainflow.prefect_server import (
     STARTUP_TIMEOUT_ENV, STARTUP_TIMEOUT_S, ServerError, TemporaryServer, startup_timeout_s,
 )
 from trainflow.quota import TEMPORARY_SERVER_ENV
+
+
+# SQLAlchemy's pools (MLflow's store) log, with a traceback, an exception that interrupts returning a
+# connection to the pool: a stop signal landing there would print one, though the run stops cleanly
+POOL_LOGGERS = tuple(f"sqlalchemy.pool.impl.{pool}" for pool in (
+    "QueuePool", "AsyncAdaptedQueuePool", "SingletonThreadPool", "NullPool", "StaticPool", "AssertionPool"))
+
+
+class StopSignalInPool(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, KeyboardInterrupt) and type(exc).__name__ != "TerminationSignal"  # Prefect's
+
+
+def quiet_stop_signals_in_pools() -> None:
+    for name in POOL_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, StopSignalInPool) for f in logger.filters):
+            logger.addFilter(StopSignalInPool())
 
 
 def stop_on_sigterm() -> None:
@@ -37,6 +57,7 @@ def orchestrating():
     # should Prefect start a temporary server of its own after all, a busy host gets time to start it
     os.environ.setdefault(STARTUP_TIMEOUT_ENV, str(STARTUP_TIMEOUT_S))
     stop_on_sigterm()
+    quiet_stop_signals_in_pools()
     with _exit_on_signal(), _prefect_api(), launched_via(VIA_CLI):
         yield
 
