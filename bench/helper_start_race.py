@@ -32,7 +32,7 @@ def start_guarded() -> float:
 
 def start_plain() -> float:
     began = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "trainflow.checkpoint.transfer_agent", URI],
+    proc = subprocess.Popen([sys.executable, "-m", "trainflow.checkpoint.transfer_agent", URI, str(os.getpid())],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
     took = time.perf_counter() - began
     proc.stdin.write('{"op": "exit"}\n')

@@ -6,8 +6,11 @@ GIL from the training loop for as long as an upload lasts (measured: steps 20-30
 snapshot uploads, none with the upload in its own process). Each rank therefore hands its uploads
 to one long-lived child process over a pipe — JSON lines, one request and one reply at a time.
 The child runs at its parent thread's CPU priority (the background save's), inherits the
-environment (endpoint, credentials, the job's marker for teardown) and exits when asked to or when
-the pipe closes, so it never outlives its rank.
+environment (endpoint, credentials, the job's marker for teardown) and exits when asked to, when
+the pipe closes, or when its rank is gone, so it never outlives its rank. The last matters where a
+rank is killed while the agent waits on an unreachable endpoint, or while a fork of the rank still
+holds the pipe: an orphaned agent would live on, and a scheduler that tracks a job's processes by
+their ancestry (Slurm's proctrack/linuxproc) no longer counts it as the job's.
 
 The agent is started from the background save's thread while the training thread may be forking
 (a DataLoader starting its workers). A process forked while Popen runs inherits the pipes Popen has
@@ -24,6 +27,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from trainflow.checkpoint.storage import StorageError
@@ -81,16 +85,31 @@ class TransferAgent:
         if self._proc is None or self._proc.poll() is not None:
             with _STARTING:
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "trainflow.checkpoint.transfer_agent", self.uri],
+                    [sys.executable, "-m", "trainflow.checkpoint.transfer_agent", self.uri, str(os.getpid())],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
                 )
         return self._proc
 
 
-def serve(uri: str) -> None:
+PARENT_CHECK_S = 0.5
+
+
+def exit_when_orphaned(parent: int) -> None:
+    """End this process as soon as `parent` is no longer its parent, whatever the main thread is doing."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def serve(uri: str, parent: int) -> None:
     """The agent's loop: one JSON request per line on stdin, one JSON reply per line on stdout."""
     from trainflow.checkpoint.storage import open_storage
 
+    exit_when_orphaned(parent)
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     sys.stdout = sys.stderr  # whatever a library prints must not end up in the replies
     storage = open_storage(uri)
@@ -112,4 +131,4 @@ def serve(uri: str) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], int(sys.argv[2]))
