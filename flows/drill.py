@@ -16,7 +16,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.lifecycle import faulted_lifecycle, training_lifecycle
-from trainflow.backends.processes import job_processes
+from trainflow.backends.processes import describe, job_processes
 from trainflow.drills.bench.torchrun_restart import measure_torchrun_restart
 from trainflow.drills.chaos import FaultKind, FaultPlan
 from trainflow.drills.drill import (
@@ -90,9 +90,12 @@ def fault_drill(spec: RunSpec, fault: FaultPlan, fresh_baseline: bool = False, c
         logger.info("reusing baseline %s (params %s)", baseline["run_id"], baseline["params_sha256"][:12])
     with storage_proxy(fault) as plan:
         summary = run_lifecycle(spec, chaos=[plan])
-    released = bool(summary.get("teardown", {}).get("clean")) and not job_processes(summary["run_id"])
+    leftovers = list(summary.get("teardown", {}).get("survivors", []))
+    leftovers += [describe(p) for p in job_processes(summary["run_id"])]
+    released = bool(summary.get("teardown", {}).get("clean")) and not leftovers
     yardstick = torchrun_restart_s() if compare_torchrun else None
     report = drill_report(fault, summary, baseline, yardstick, released, spec.checkpoint.every_steps)
+    report["leftovers"] = leftovers
     logger.info("drill %s: %s", fault.kind.value, "PASSED" if report["passed"] else "FAILED")
     for rule in report["broken_rules"]:
         logger.warning("drill rule broken: %s", rule)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 
 import pytest
 
@@ -48,7 +49,7 @@ def test_process_faults_are_detected_recovered_and_resumed_exactly(drill_env, fa
     assert report["detected_kind"] == detected
     assert report["outcomes"] == [detected, "SUCCEEDED"], json.dumps(report, default=str)[:4000]
     assert report["params_match_baseline"] is True
-    assert report["resources_released"] is True
+    assert report["resources_released"] is True, report["leftovers"]
     assert report["passed"] is True
     assert report["recovery_s"] is not None
     phases = report["recovery_phases"]  # from timestamps the attempts recorded, every point present
@@ -80,12 +81,19 @@ def test_straggler_is_reported_while_training_continues(drill_env):
 
 @pytest.mark.skipif(not can_make_hosts, reason="needs root and iproute2 for network namespaces")
 def test_node_loss_cuts_a_hosts_network_and_recovers(drill_env):
+    before = node_namespaces()
     report = drill(drill_env, "node-loss", "--node", "1")
     assert report["detected_kind"] == "NODE_LOST"
     assert report["detection_latency_s"] <= 4 + 2 + 1  # heartbeat timeout + 2 s, and poll slack
     assert report["params_match_baseline"] is True
-    assert report["resources_released"] is True
-    assert not [p for p in NETNS_ETC.glob("tf-*")] if NETNS_ETC.exists() else True
+    assert report["resources_released"] is True, report["leftovers"]
+    assert node_namespaces() - before == set()
+
+
+def node_namespaces() -> set[str]:
+    """trainflow's network namespaces on this machine and their name-service folders."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout.split()
+    return {n for n in listed if n.startswith("tf-")} | {str(p) for p in NETNS_ETC.glob("tf-*")}
 
 
 @pytest.mark.skipif(not can_make_hosts, reason="needs root and iproute2 for network namespaces")
@@ -93,7 +101,7 @@ def test_permanent_node_loss_continues_on_fewer_nodes(drill_env):
     report = drill(drill_env, "node-loss", "--node", "1", "--permanent", "--set", "resources.min_nodes=1")
     assert report["outcomes"] == ["NODE_LOST", "SUCCEEDED"]
     assert report["status"] == "succeeded" and report["final_step"] == 60
-    assert report["resources_released"] is True
+    assert report["resources_released"] is True, report["leftovers"]
 
 
 def test_corrupt_checkpoint_falls_back_to_the_previous_verified_one(drill_env):
@@ -108,7 +116,7 @@ def test_storage_outage_is_survived(drill_env):
     report = drill(drill_env, "storage-outage", "--duration", "5", "--set", f"checkpoint.uri={uri}")
     assert report["status"] == "succeeded"
     assert report["params_match_baseline"] is True
-    assert report["resources_released"] is True
+    assert report["resources_released"] is True, report["leftovers"]
 
 
 def test_drill_refuses_impossible_plans(drill_env):

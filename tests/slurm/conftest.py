@@ -82,4 +82,15 @@ def slurm_env(slurm_cluster, cli_env):
     deadline = time.monotonic() + 60
     while slurm_job_processes() and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert slurm_job_processes() == [], "job processes left on the nodes"
+    left = slurm_job_processes()
+    assert left == [], f"job processes left on the nodes: {[who(p) for p in left]}"
+
+
+def who(proc: psutil.Process) -> str:
+    """Enough of a left process to tell which part of the job it was."""
+    try:
+        parent = proc.parent()
+        return (f"pid {proc.pid} {' '.join(proc.cmdline())!r} job {proc.environ().get('SLURM_JOB_ID')} "
+                f"parent {parent.pid if parent else None} ({parent.name() if parent else '-'})")
+    except psutil.Error:
+        return f"pid {proc.pid}"

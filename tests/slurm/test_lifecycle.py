@@ -66,7 +66,7 @@ def test_process_faults_and_preemption_are_recovered_with_exact_resume(slurm_env
     report = drill(slurm_env, drill_home, fault)
     assert report["outcomes"] == [detected, "SUCCEEDED"], report
     assert report["params_match_baseline"] is True, report
-    assert report["resources_released"] is True
+    assert report["resources_released"] is True, report["leftovers"]
     assert report["passed"] is True
     if fault == "preempt":
         assert report["lost_steps"] == 0
@@ -78,7 +78,7 @@ def test_lost_node_is_detected_excluded_and_the_job_resumes_exactly_elsewhere(sl
     report = drill(slurm_env, drill_home, "node-loss", "--node", "1")
     assert report["outcomes"] == ["NODE_LOST", "SUCCEEDED"], report
     assert report["params_match_baseline"] is True
-    assert report["resources_released"] is True
+    assert report["resources_released"] is True, report["leftovers"]
     assert report["passed"] is True
     faulted, retried = last_run_jobs(slurm_cluster)
     assert "node1" in hostnames(faulted["NodeList"])  # the drill cut node 1 of the first attempt's job

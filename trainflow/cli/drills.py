@@ -140,7 +140,8 @@ def print_drill(report: dict) -> None:
     echo(f"  attempts {report['outcomes']}, resumed from step {report['resumed_from_step']}, "
          f"lost {report['lost_steps']} step(s), goodput {report['goodput']}")
     echo(f"  params match the baseline: {report['params_match_baseline']}; "
-         f"resources released: {report['resources_released']}")
+         f"resources released: {report['resources_released']}"
+         + (f" (left: {'; '.join(report['leftovers'])})" if report.get("leftovers") else ""))
 
 
 def register(app: typer.Typer) -> None:
