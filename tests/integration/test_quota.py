@@ -118,6 +118,10 @@ def test_quota_set_list_delete_and_bad_input(cli_env):
     too_big_drill = run_cli(["drill", SPEC, "--fault", "crash", *team_args(team), "--set", "resources.nodes=6"], cli_env)
     assert too_big_drill.returncode == 2, too_big_drill.stderr[-2000:]
     assert too_big_drill.stderr.strip().splitlines()[-1].startswith("trainflow: resources: the run needs 6 devices")
+    too_big_soak = run_cli(["soak", SPEC, "--faults", "1", "--kinds", "crash", *team_args(team),
+                            "--set", "resources.nodes=6"], cli_env)
+    assert too_big_soak.returncode == 2, too_big_soak.stderr[-2000:]
+    assert too_big_soak.stderr.strip().splitlines()[-1].startswith("trainflow: resources: the run needs 6 devices")
     assert run_cli(["quota", "delete", team], cli_env).returncode == 0
     gone = run_cli(["quota", "delete", team], cli_env)
     assert gone.returncode == 2 and "no such quota" in gone.stderr

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -11,7 +10,7 @@ import typer
 
 from trainflow.cli.output import EXIT_FAILED, fail_input
 from trainflow.cli.quota import quota_problem
-from trainflow.cli.signals import orchestrating, stop_on_sigterm
+from trainflow.cli.signals import orchestrating
 from trainflow.spec import SpecError, load_spec
 
 
@@ -96,16 +95,20 @@ def soak(
         except ValueError as exc:
             raise SpecError(f"--kinds: {exc}; known: {', '.join(k.value for k in FaultKind)}") from None
         chosen, _ = soak_kinds(spec, wanted)
-        plan_faults(soak_spec(spec, faults, chosen), faults, seed, chosen)
+        soaked = soak_spec(spec, faults, chosen)
+        plan_faults(soaked, faults, seed, chosen)
         preflight(spec)
     except SpecError as exc:
         fail_input(str(exc))
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from flows.soak import soak as soak_flow
 
-    stop_on_sigterm()
-    state = soak_flow(spec, faults, seed=seed, load=load, load_niceness=load_niceness, kinds=wanted,
-                      return_state=True)
+    with orchestrating():
+        problem = quota_problem(soaked)
+        if problem:
+            fail_input(problem)
+        from flows.soak import soak as soak_flow
+
+        state = soak_flow(spec, faults, seed=seed, load=load, load_niceness=load_niceness, kinds=wanted,
+                          return_state=True)
     report = state.result(raise_on_failure=False)
     if not isinstance(report, dict):
         report = {"faults": faults, "passed": False, "status": "crashed", "reason": str(state.message)}
