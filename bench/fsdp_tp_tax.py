@@ -21,7 +21,8 @@ def bare(home: Path) -> dict:
     out = home / "bare-fsdp-tp.json"
     launched = time.time()
     subprocess.run(
-        [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "4", "bench/bare_fsdp_tp.py", "--tp", "2",
+        [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "4", "--log-dir", str(home / "torchrun"),
+         "bench/bare_fsdp_tp.py", "--tp", "2",
          "--steps", str(STEPS), "--out", str(out)],
         cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "BENCH_LAUNCHED_AT": str(launched)},
         check=True, capture_output=True, timeout=900,

@@ -55,7 +55,8 @@ def bare_torchrun(home: Path) -> dict:
     out = home / "bare.json"
     launched = time.time()
     subprocess.run(
-        [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "bench/bare_digits.py",
+        [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "--log-dir", str(home / "torchrun"),
+         "bench/bare_digits.py",
          "--steps", str(STEPS), "--out", str(out)],
         cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "BENCH_LAUNCHED_AT": str(launched)},
         check=True, capture_output=True, timeout=600,

@@ -118,7 +118,8 @@ class Job:
                     "--nproc-per-node", str(procs), "--rdzv-backend", "c10d",
                     "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"{self.run_id}-{self.attempts}",
                     "--rdzv-conf", f"is_host={'true' if node == 0 else 'false'}", "--max-restarts", "0",
-                    "--monitor-interval", "0.1", "--local-addr", "127.0.0.1", WORKLOAD, *self.args,
+                    "--monitor-interval", "0.1", "--local-addr", "127.0.0.1",
+                    "--log-dir", str(folder / "torchrun" / f"node-{node}"), WORKLOAD, *self.args,
                 ]
                 env = {**self.env, CONFIG_ENV: str(path), JOB_ENV: self.run_id, "OMP_NUM_THREADS": "1",
                        "PYTHONUNBUFFERED": "1"}

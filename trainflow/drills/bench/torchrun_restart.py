@@ -42,7 +42,8 @@ def measure_torchrun_restart(timeout_s: float = 120) -> float:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         proc = subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-             "--max-restarts", "1", "--monitor-interval", "0.1", str(script), str(log)],
+             "--max-restarts", "1", "--monitor-interval", "0.1", "--log-dir", str(Path(folder) / "torchrun"),
+             str(script), str(log)],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
         try:
