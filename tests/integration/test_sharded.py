@@ -66,7 +66,9 @@ def test_sharded_layout_trains_to_the_end_and_a_crash_resumes_exactly(home_env, 
 
 
 def losses(client: MlflowClient, run_id: str) -> dict[int, float]:
-    return {m.step: m.value for m in client.get_metric_history(run_id, "loss")}
+    """Each step's loss as last recorded: a step trained again after a restore is the later attempt's."""
+    history = sorted(client.get_metric_history(run_id, "loss"), key=lambda m: m.timestamp)
+    return {m.step: m.value for m in history}
 
 
 @pytest.mark.timeout(900)
@@ -84,6 +86,7 @@ def test_permanent_node_loss_reshards_fsdp_tp_to_fewer_ranks(home_env):
     # the first step on two ranks computes the same global batch from the same restored state
     resumed = report["resumed_from_step"]
     mine, base = losses(client, report["mlflow_run_id"]), losses(client, report["baseline_mlflow_run_id"])
+    assert resumed + 1 in mine and resumed + 1 in base, (resumed, sorted(mine), sorted(base))
     assert mine[resumed + 1] == pytest.approx(base[resumed + 1], rel=1e-4, abs=1e-6)
 
 

@@ -52,3 +52,9 @@ def test_the_final_step_is_a_point_of_its_own():
     loss = [(step, value) for key, value, step, _ in rows if key == "loss"]
     assert loss == [(1, 1.0), (3, 2.5), (4, 4.0)]  # the last point is the final step's loss: final_loss
     assert window.close() == []
+
+
+def test_an_interval_of_zero_records_a_step_whose_time_is_earlier_than_the_row_before():
+    window = StepMetricWindow(every_s=0.0)
+    rows = window.add(11, 5.0, {"loss": 2.0}) + window.add(12, 4.0, {"loss": 1.0})  # joined late at the end
+    assert [(key, value, step) for key, value, step, _ in rows] == [("loss", 2.0, 11), ("loss", 1.0, 12)]

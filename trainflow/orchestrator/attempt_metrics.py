@@ -32,8 +32,10 @@ class AttemptMetrics:
             self._rows.extend(self._window.add(step, t, figures))
 
     def add_figures(self, step: int, t: float, figures: dict[str, float]) -> None:
-        """Figures that are no rank's step (a node's resources): recorded as they come."""
-        self._rows.extend(self._window.add(step, t, figures))
+        """Figures that are no rank's step (a node's resources): recorded as they come, beside the
+        steps' window. Through it, a node's report would close the open interval, and a step joined
+        later with an earlier time would be merged into the next step's row."""
+        self._rows.extend((key, value, step, t) for key, value in figures.items())
 
     def add_rows(self, rows: MetricRows) -> None:
         self._rows.extend(rows)

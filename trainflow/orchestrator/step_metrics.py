@@ -42,7 +42,10 @@ class StepMetricWindow:
             self._counts[key] = self._counts.get(key, 0) + 1
             self._latest[key] = value
         self._last = (step, t)
-        if t - self._recorded_at >= self.every_s or step == self.final_step:
+        # an interval of 0 records every step, whatever its time: the last step of an attempt that
+        # not every rank reported is joined at the end, and may carry an earlier time than the
+        # row recorded before it
+        if self.every_s <= 0 or t - self._recorded_at >= self.every_s or step == self.final_step:
             rows += self.close()
         return rows
 
