@@ -42,7 +42,7 @@ from trainflow.runtime.checkpointing import Checkpointer, Stateful
 from trainflow.runtime.comm_timer import CommTimer
 from trainflow.runtime.control import ControlPlane
 from trainflow.runtime.data import ResumableLoader, epochs_of
-from trainflow.runtime.ddp_buckets import fix_bucket_layout
+from trainflow.runtime.ddp_buckets import BucketOrder
 from trainflow.runtime.error_report import report_uncaught_errors
 from trainflow.runtime.fault_gate import wait_for_fault
 from trainflow.runtime.layout import ParallelLayout
@@ -55,6 +55,8 @@ from trainflow.runtime.step_reports import StepReports
 from trainflow.worker_config import WorkerConfig
 
 __all__ = ["ResumableLoader", "Run", "init"]
+
+BUCKET_ORDER = "trainflow.ddp_buckets"  # the extra's name: no keyword argument of restore() can take it
 
 
 class Run:
@@ -100,6 +102,7 @@ class Run:
             local_rank=self.local_rank, send=self.reporter.send,
         )
         self._state: Stateful | None = None
+        self._bucket_order: BucketOrder | None = None
         self._metrics: dict[str, float] = {}
         self._last_loss: float | None = None
         self._saved_step: int | None = None
@@ -126,14 +129,16 @@ class Run:
         """Register the training state; load the checkpoint the orchestrator chose. Returns the step to
         continue after (0 for a fresh start). `extras` are objects with state_dict/load_state_dict
         returning JSON values (a data loader's position, a scheduler)."""
-        self._state = Stateful(model=model, optimizer=optimizer, extras=extras)
+        # a DDP's bucket layout is part of the state: a resumed run must add its gradients up alike
+        self._bucket_order = BucketOrder(model)
+        self._state = Stateful(model=model, optimizer=optimizer, extras={**extras, BUCKET_ORDER: self._bucket_order})
         self._check_layout(model)
-        fix_bucket_layout(model)  # fresh or restored alike: DDP's bucket layout must not change the sums
         # this run's node-local copies first, then the orchestrator's choice and older ones, each
         # verified; a candidate that fails is skipped with its reason (see runtime/restore.py)
         restored = self._checkpointer.restore(self.config.restore_prefix, self._state)
         if restored is None:
             return 0
+        self._bucket_order.apply(self._control.group)
         self.step = restored.step
         if restored.tier == "durable":
             self._durable_step = restored.step
@@ -179,6 +184,8 @@ class Run:
             ended = time.perf_counter()
             elapsed = ended - began
             self._report_step(step, elapsed, self._comm.take(began, ended), samples_per_step)
+            if self._bucket_order is not None and self._bucket_order.recording:
+                self._bucket_order.stop_recording()
             checkpoint_due = step % self.config.every_steps == 0 or step == self.total_steps
             if checkpoint_due or self._control.due(step):
                 # before saving: a checkpoint must never capture diverged replicas
