@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import fsdp_tp_tax  # bench/, beside this module
+import ddp_layout  # bench/, beside this module
+import fsdp_tp_tax
 import reference_goodput
 import soak_bench
 from trainflow.contracts.recovery import PHASES as RECOVERY_PHASES
@@ -10,7 +11,7 @@ from trainflow.contracts.recovery import PHASES as RECOVERY_PHASES
 STEPS = 2000  # the orchestration tax's run length
 ROUNDS = 5  # and its interleaved rounds
 FIRST_PARTS = ("orchestration", "drills", "checkpoint")
-PARTS = (*FIRST_PARTS, "reference_goodput", "soak", "fsdp_tp")
+PARTS = (*FIRST_PARTS, "reference_goodput", "soak", "fsdp_tp", "ddp_layout")
 
 
 def markdown(results: dict) -> str:
@@ -120,6 +121,8 @@ def render(results: dict) -> str:
         extra += soak_bench.markdown(results["soak"])
     if "fsdp_tp" in results:
         extra += fsdp_tp_tax.markdown(results["fsdp_tp"])
+    if "ddp_layout" in results:
+        extra += ddp_layout.markdown(results["ddp_layout"])
     commands = ["Commands: `make bench` (everything), `python bench/run_benchmarks.py --only soak,fsdp_tp` (some "
                 f"parts of {', '.join(PARTS)}; the others' figures are kept), `trainflow drill SPEC --fault KIND "
                 "--json`, `trainflow soak SPEC --faults N --load --json`, `trainflow bench checkpoint --json`.", ""]

@@ -24,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import fsdp_tp_tax  # bench/, beside this script
+import ddp_layout  # bench/, beside this script
+import fsdp_tp_tax
 import reference_goodput
 import soak_bench
 from bench_common import BIN, ROOT, last_json, steps_per_s
@@ -194,6 +195,7 @@ def main(parts: list[str]) -> None:
                 "reference_goodput": lambda: reference_goodput.reference_goodput(env),
                 "soak": lambda: soak_bench.soak(env),
                 "fsdp_tp": lambda: fsdp_tp_tax.fsdp_tp(home, env),
+                "ddp_layout": ddp_layout.ddp_layout,
             }
             for part in parts:
                 earlier = results.get(part)
@@ -218,6 +220,7 @@ def main(parts: list[str]) -> None:
             stop_server(prefect)
             stop_server(s3)
     headline = {"orchestration": lambda r: r["throughput_ratio"], "fsdp_tp": lambda r: r.get("throughput_ratio"),
+                "ddp_layout": lambda r: r["trainflow_ratio"],
                 "drills": lambda r: sum(1 for d in r.values() if d.get("passed")),
                 "reference_goodput": lambda r: r.get("goodput"),
                 "soak": lambda r: {name: r[name].get("passed") for name in ("main", "storage")}}
