@@ -137,6 +137,24 @@ def test_all_zero_and_finished_is_success():
     assert "200" in reason
 
 
+def test_a_sigterm_after_every_rank_finished_is_still_a_success():
+    # a preemption or the time limit landing between the last commit and the agents' exit
+    finished = status(finished={"step": 60}, finished_ranks={0, 1})
+    outcome, reason = classify_exit([NodeExit(0, 128 + 15), NodeExit(1, -15)], finished, world_size=2)
+    assert outcome == Outcome.SUCCEEDED
+    assert "finished at step 60" in reason and "SIGTERM" in reason and "0, 1" in reason
+
+
+@pytest.mark.parametrize("exits, finished_ranks", [
+    ([NodeExit(0, 128 + 15), NodeExit(1, 1)], {0, 1}),  # a node that failed on its own
+    ([NodeExit(0, 128 + 15, ranks=(RankExit(1, 0, 1, root_cause=True),))], {0, 1}),  # a rank that did
+    ([NodeExit(0, 128 + 15), NodeExit(1, 0)], {0}),  # a rank that never finished
+])
+def test_a_sigterm_is_no_success_unless_every_rank_finished_and_none_failed(exits, finished_ranks):
+    outcome, _ = classify_exit(exits, status(finished={"step": 60}, finished_ranks=finished_ranks), world_size=2)
+    assert outcome != Outcome.SUCCEEDED
+
+
 def test_all_zero_without_finish_is_a_user_error():
     outcome, reason = classify_exit([NodeExit(0, 0), NodeExit(1, 0)], status())
     assert outcome == Outcome.USER_ERROR

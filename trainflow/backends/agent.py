@@ -5,7 +5,9 @@ torchrun tees each rank's output (`--tee`) from threads of a pool. On the path a
 kernel's parent-death signal when the orchestrator dies) those threads are never told to stop, and
 the interpreter would wait for them at exit forever: an agent that outlives its run. Exiting with
 os._exit once torchrun has returned or raised skips that wait; what torchrun writes (its error
-file, its logs) is written before."""
+file, its logs) is written before. Stopped by a signal (torchrun's SignalException, once it has
+ended its workers), the agent exits 128 + the signal's number, as a shell reports it: the
+orchestrator tells a node that was stopped from one that failed."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import traceback
 
 
 def main() -> None:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun
 
     from trainflow.backends import rank_records, quick_rendezvous
@@ -27,6 +30,9 @@ def main() -> None:
         torchrun()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except SignalException as exc:
+        print(f"trainflow: torchrun's agent stopped by {exc.sigval.name}", file=sys.stderr)
+        code = 128 + int(exc.sigval)
     except BaseException:  # as an uncaught exception would end the interpreter: its traceback, exit 1
         traceback.print_exc()
         code = 1

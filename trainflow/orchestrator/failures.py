@@ -134,6 +134,14 @@ def everyone_finished(status: AttemptStatus, world_size: int | None) -> bool:
     return world_size is None or len(status.finished_ranks) >= world_size
 
 
+def stopped_by_sigterm(node_exit: NodeExit) -> bool:
+    """The node's agent was stopped by SIGTERM (a preemption, scancel, the orchestrator) and no rank
+    of it failed on its own."""
+    code = node_exit.returncode
+    return (code in (-signal.SIGTERM, 128 + signal.SIGTERM)
+            and all(r.exitcode in (0, -signal.SIGTERM) and not r.root_cause for r in node_exit.ranks))
+
+
 def classify_exit(
     exits: list[NodeExit], status: AttemptStatus, world_size: int | None = None, plain: bool = False
 ) -> tuple[Outcome, str]:
@@ -149,6 +157,11 @@ def classify_exit(
         if everyone_finished(status, world_size):
             return Outcome.SUCCEEDED, f"finished at step {status.finished['step']}"
         return Outcome.USER_ERROR, "workers exited 0 without finishing (did the script call run.finish()?)"
+    if not plain and everyone_finished(status, world_size) and all(stopped_by_sigterm(e) for e in failed):
+        # the work is done and committed; a signal that came after it (a preemption, the time limit)
+        # cut only the agents' exit short: a retry would have nothing to train
+        nodes = ", ".join(str(e.node) for e in sorted(failed, key=lambda e: e.node))
+        return Outcome.SUCCEEDED, f"finished at step {status.finished['step']} (then SIGTERM stopped node(s) {nodes})"
     if status.diverged is not None:
         hashes = status.diverged.get("hashes")
         return Outcome.DIVERGED, f"replicas diverged at step {status.diverged.get('step')} (parameter hashes {hashes})"
