@@ -69,3 +69,9 @@ def gate_arrival_path(gate: Path, rank: int) -> Path:
     """The file a rank creates once it stands at the fault gate: its step's checkpoint call has
     returned, so the save before that one is finished (a save begins only after the one before)."""
     return gate.with_name(f"{gate.name}.rank-{rank}")
+
+
+def gate_signal_path(gate: Path, rank: int) -> Path:
+    """The file a rank standing at the fault gate creates once a SIGTERM reached it: a preemption
+    delivered through a scheduler takes its own time, and the gate holds the ranks until it lands."""
+    return gate.with_name(f"{gate.name}.rank-{rank}.sigterm")

@@ -50,7 +50,7 @@ def test_process_faults_are_detected_recovered_and_resumed_exactly(drill_env, fa
     assert report["outcomes"] == [detected, "SUCCEEDED"], json.dumps(report, default=str)[:4000]
     assert report["params_match_baseline"] is True
     assert report["resources_released"] is True, report["leftovers"]
-    assert report["passed"] is True
+    assert report["passed"] is True, report["broken_rules"]
     assert report["recovery_s"] is not None
     phases = report["recovery_phases"]  # from timestamps the attempts recorded, every point present
     assert all(value is not None for value in phases.values()), phases
@@ -108,7 +108,7 @@ def test_corrupt_checkpoint_falls_back_to_the_previous_verified_one(drill_env):
     report = drill(drill_env, "corrupt-checkpoint")
     assert report["outcomes"][-1] == "SUCCEEDED"
     assert report["params_match_baseline"] is True
-    assert report["passed"] is True
+    assert report["passed"] is True, report["broken_rules"]
 
 
 def test_storage_outage_is_survived(drill_env):

@@ -24,7 +24,7 @@ from trainflow.checkpoint.catalog import list_committed
 from trainflow.checkpoint.storage import open_storage
 from trainflow.orchestrator.status import StatusServer
 from trainflow.drills.storage_proxy import relay_on
-from trainflow.worker_config import fault_gate_path, gate_arrival_path
+from trainflow.worker_config import fault_gate_path, gate_arrival_path, gate_signal_path
 
 
 class FaultKind(str, Enum):
@@ -127,6 +127,20 @@ def wait_at_gate(gate: Path, handle: AttemptHandle, world_size: int, timeout_s: 
     return False
 
 
+def wait_for_signal(gate: Path, handle: AttemptHandle, world_size: int, timeout_s: float) -> bool:
+    """True once a rank at the fault gate saw its SIGTERM (see `trainflow.runtime.fault_gate.wait_for_fault`);
+    False if the attempt ended or time ran out first."""
+    marks = [gate_signal_path(gate, rank) for rank in range(world_size)]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(path.exists() for path in marks):
+            return True
+        if attempt_ended(handle):
+            return False
+        time.sleep(0.02)
+    return False
+
+
 def worker_pid(channel: StatusServer, rank: int) -> int:
     status = channel.snapshot()
     pid = status.ranks[rank].pid if rank in status.ranks else None
@@ -165,8 +179,8 @@ def _inject(plan: FaultPlan, launcher: Launcher, handle: AttemptHandle, channel:
     # a rank reports a checkpoint step before that step's save waits for the previous save; at the
     # gate it has waited, so the fault never lands while the save before the step's own is unfinished
     at_gate = False
+    gate = fault_gate_path(allocation.scratch, handle.attempt)
     if handle.pause_at_step == plan.at_step:
-        gate = fault_gate_path(allocation.scratch, handle.attempt)
         at_gate = wait_at_gate(gate, handle, world_size, max(0.0, deadline - time.monotonic()))
         if not at_gate and attempt_ended(handle):
             record.detail["skipped"] = f"the attempt ended before every rank stood at step {plan.at_step}"
@@ -194,6 +208,11 @@ def _inject(plan: FaultPlan, launcher: Launcher, handle: AttemptHandle, channel:
         record.target = f"node {node}"
         record.injected_at = time.time()
         launcher.preempt_node(handle, node)  # the SIGTERM a cloud or the kubelet sends first
+        if at_gate:
+            # a scheduler delivers the signal in its own time (Slurm: controller, node daemon, step):
+            # the ranks stay at the fault's step until it is there, or it would land steps later
+            record.detail["signal_reached_ranks"] = wait_for_signal(
+                gate, handle, world_size, max(0.0, deadline - time.monotonic()))
     elif kind == FaultKind.node_loss:
         node = plan.target_node(handle.nodes)
         record.injected_at = time.time()

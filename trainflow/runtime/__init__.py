@@ -195,7 +195,8 @@ class Run:
                 self._saved_step = step
             if step == self.config.pause_at_step:
                 self._flush_progress()
-                wait_for_fault(Path(self.config.fault_gate), self.rank, step)
+                wait_for_fault(Path(self.config.fault_gate), self.rank, step,
+                               signalled=lambda: self._control.preempt_requested_at is not None)
         if self._state is not None and self.step == self.total_steps and self._durable_step != self.step:
             # restored from a node-local copy of the last step, nothing left to train: that copy is
             # the only one, and a run succeeds only once its final state is in the checkpoint store

@@ -83,6 +83,7 @@ def status_host(spec) -> str:
 @register("slurm")
 class SlurmLauncher:
     name = "slurm"
+    shares_scratch = True  # the run's folder is on a filesystem the nodes share (drills open their fault gate there)
 
     def preflight(self, spec) -> None:
         """Before anything is provisioned: Slurm's commands are here and the partition can hold the job."""
