@@ -26,7 +26,7 @@ def spec_for(backend: str) -> RunSpec:
 
 @pytest.mark.parametrize(("backend", "expected"), [
     ("local", {ChecksSpec, ReplacesNodes, ProbesNodes, DumpsStacks, SharesScratch, *FAULTS}),
-    ("slurm", {ChecksSpec, ReplacesNodes, ProbesNodes, DumpsStacks, *FAULTS}),
+    ("slurm", {ChecksSpec, ReplacesNodes, ProbesNodes, DumpsStacks, SharesScratch, *FAULTS}),
     ("kubernetes", {BuildsImage, ReplacesNodes, ProbesNodes, BindsStatusElsewhere, RendersManifests}),
 ])
 def test_backend_abilities(backend, expected):
