@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -100,45 +101,40 @@ def attempt_ended(handle: AttemptHandle) -> bool:
     return any(proc.poll() is not None for proc in handle.processes.values())
 
 
-def wait_for_step(channel: StatusServer, handle: AttemptHandle, world_size: int, step: int, timeout_s: float) -> bool:
-    """True once every rank reported `step`; False if the attempt ended or time ran out first."""
+def wait_while_running(handle: AttemptHandle, condition: Callable[[], bool], timeout_s: float) -> bool:
+    """True once `condition()` holds; False if the attempt ended or time ran out first."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        status = channel.snapshot()
-        if len(status.ranks) == world_size and status.min_step() >= step:
+        if condition():
             return True
         if attempt_ended(handle):
             return False
         time.sleep(0.02)
     return False
+
+
+def wait_for_step(channel: StatusServer, handle: AttemptHandle, world_size: int, step: int, timeout_s: float) -> bool:
+    """True once every rank reported `step`; False if the attempt ended or time ran out first."""
+
+    def reached() -> bool:
+        status = channel.snapshot()
+        return len(status.ranks) == world_size and status.min_step() >= step
+
+    return wait_while_running(handle, reached, timeout_s)
 
 
 def wait_at_gate(gate: Path, handle: AttemptHandle, world_size: int, timeout_s: float) -> bool:
     """True once every rank stands at the fault gate (see `trainflow.runtime.fault_gate.wait_for_fault`); False if
     the attempt ended or time ran out first."""
     arrivals = [gate_arrival_path(gate, rank) for rank in range(world_size)]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if all(path.exists() for path in arrivals):
-            return True
-        if attempt_ended(handle):
-            return False
-        time.sleep(0.02)
-    return False
+    return wait_while_running(handle, lambda: all(path.exists() for path in arrivals), timeout_s)
 
 
 def wait_for_signal(gate: Path, handle: AttemptHandle, world_size: int, timeout_s: float) -> bool:
     """True once a rank at the fault gate saw its SIGTERM (see `trainflow.runtime.fault_gate.wait_for_fault`);
     False if the attempt ended or time ran out first."""
     marks = [gate_signal_path(gate, rank) for rank in range(world_size)]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if any(path.exists() for path in marks):
-            return True
-        if attempt_ended(handle):
-            return False
-        time.sleep(0.02)
-    return False
+    return wait_while_running(handle, lambda: any(path.exists() for path in marks), timeout_s)
 
 
 def worker_pid(channel: StatusServer, rank: int) -> int:
