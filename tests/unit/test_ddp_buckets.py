@@ -5,6 +5,7 @@ with the last layers (trainflow.runtime.ddp_buckets)."""
 from __future__ import annotations
 
 import copy
+import gc
 import hashlib
 import itertools
 import json
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from tests.spawned_ranks import run_ranks
 from trainflow.runtime.ddp_buckets import BucketOrder, reducer_parameters
 
 WORLD = 4
@@ -80,12 +82,15 @@ def _train(rank: int, port: int, results) -> None:
                 order.stop_recording()
         params = [p.detach().clone() for p in model.module.parameters()]
         results[(name, rank)] = hashlib.sha256(b"".join(p.numpy().tobytes() for p in params)).hexdigest()
+    # torch 2.13's gloo can deadlock when a DDP outlives its process group (docs/scripts.md)
+    del model, optimizer, order
+    gc.collect()
     dist.destroy_process_group()
 
 
 def test_a_ddp_rebuilt_mid_training_on_four_ranks_ends_bit_identical():
     results = mp.Manager().dict()
-    mp.spawn(_train, args=(_free_port(), results), nprocs=WORLD, join=True)
+    run_ranks(_train, (_free_port(), results), WORLD)
 
     def run(name: str, cap) -> set[str]:
         return {results[(f"{name} {cap}", r)] for r in range(WORLD)}
