@@ -16,16 +16,20 @@ from trainflow.backends.stacks import py_spy_dump
 DEADLINE_S = 150.0
 
 
-def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, deadline_s: float = DEADLINE_S) -> None:
-    """`fn(rank, *args)` in `nprocs` spawned processes; returns once all exited cleanly."""
-    ranks = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if ranks.join(timeout=1.0):  # raises if a rank failed
-            return
-    stuck = [p for p in ranks.processes if p.is_alive()]
-    stacks = "\n".join(py_spy_dump(p.pid) for p in stuck)
-    for process in stuck:
-        process.kill()
-        process.join()
+def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int,
+              deadline_s: float = DEADLINE_S) -> dict[Any, Any]:
+    """`fn(rank, *args, results)` in `nprocs` spawned processes; once all exited cleanly, what they
+    put in `results` (a shared dict)."""
+    with mp.Manager() as manager:
+        results = manager.dict()
+        ranks = mp.start_processes(fn, args=(*args, results), nprocs=nprocs, join=False, start_method="spawn")
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            if ranks.join(timeout=1.0):  # raises if a rank failed
+                return dict(results)
+        stuck = [p for p in ranks.processes if p.is_alive()]
+        stacks = "\n".join(py_spy_dump(p.pid) for p in stuck)
+        for process in stuck:
+            process.kill()
+            process.join()
     pytest.fail(f"{len(stuck)} of {nprocs} ranks still running after {deadline_s:.0f} s:\n{stacks}")

@@ -14,7 +14,6 @@ import socket
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -89,8 +88,7 @@ def _train(rank: int, port: int, results) -> None:
 
 
 def test_a_ddp_rebuilt_mid_training_on_four_ranks_ends_bit_identical():
-    results = mp.Manager().dict()
-    run_ranks(_train, (_free_port(), results), WORLD)
+    results = run_ranks(_train, (_free_port(),), WORLD)
 
     def run(name: str, cap) -> set[str]:
         return {results[(f"{name} {cap}", r)] for r in range(WORLD)}
