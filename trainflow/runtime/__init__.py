@@ -43,6 +43,7 @@ from trainflow.runtime.comm_timer import CommTimer
 from trainflow.runtime.control import ControlPlane
 from trainflow.runtime.data import ResumableLoader, epochs_of
 from trainflow.runtime.ddp_buckets import BucketOrder
+from trainflow.runtime.leave_groups import leave_process_groups
 from trainflow.runtime.error_report import report_uncaught_errors
 from trainflow.runtime.fault_gate import wait_for_fault
 from trainflow.runtime.layout import ParallelLayout
@@ -290,9 +291,8 @@ class Run:
             if self.is_main:
                 report.update(params_sha256=digest)
             self.reporter.send("finished", **report)
-        dist.barrier()
+        leave_process_groups()  # barriers first: every rank's report is in before any connection closes
         self.reporter.close()
-        dist.destroy_process_group()
 
     def _report_step(self, step: int, elapsed: float, comm_wait: float, samples_per_step: int | None) -> None:
         self._reports.add(step, elapsed, comm_wait, self._data_wait, self._metrics, samples_per_step)
