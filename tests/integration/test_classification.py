@@ -74,7 +74,7 @@ def test_a_plain_script_that_raises_shows_its_exception(cli_env):
 
 
 @pytest.mark.parametrize("warm", ["true", "false"])
-def test_a_rank_that_does_not_exit_after_its_peers_finished_is_a_hang_of_its_node(cli_env, warm):
+def test_a_rank_that_does_not_exit_after_its_peers_finished_is_a_hang_of_its_node(cli_env, warm, tmp_path):
     # node 1's rank exits 0 and its agent waits at torchrun's exit barrier: that node is done, not
     # lost; rank 0 trained too but a thread it forgot keeps its interpreter from ending
     result = run_cli(["run", SPEC, "--set", "workload.entrypoint=tests/integration/workloads/linger_at_exit.py",
@@ -90,7 +90,7 @@ def test_a_rank_that_does_not_exit_after_its_peers_finished_is_a_hang_of_its_nod
                                  filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'")
     stacks = [a.path for a in client.list_artifacts(child.info.run_id, "stacks")]
     assert stacks == ["stacks/rank-0.txt"]  # the rank still running, not its finished peer
-    stack = Path(client.download_artifacts(child.info.run_id, stacks[0])).read_text()
+    stack = Path(client.download_artifacts(child.info.run_id, stacks[0], str(tmp_path))).read_text()
     assert '"forgotten"' in stack, stack  # the thread that holds it, by name
     assert job_processes(summary["run_id"]) == []
 

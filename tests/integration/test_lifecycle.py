@@ -65,7 +65,7 @@ def test_run_commits_verified_checkpoints_to_s3(first_run, s3):
             assert hashlib.sha256(body).hexdigest() == entry["sha256"]
 
 
-def test_run_is_recorded_in_mlflow(first_run):
+def test_run_is_recorded_in_mlflow(first_run, tmp_path):
     summary = first_run["summary"]
     client = MlflowClient(summary["tracking_uri"])
     run = client.get_run(summary["mlflow_run_id"])
@@ -86,7 +86,7 @@ def test_run_is_recorded_in_mlflow(first_run):
     assert client.get_metric_history(run.info.run_id, "step_time_s")
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"summary.json", "teardown.json", "spec", "checkpoints"} <= artifacts
-    spec_text = client.download_artifacts(run.info.run_id, "spec/resolved_spec.yaml")
+    spec_text = client.download_artifacts(run.info.run_id, "spec/resolved_spec.yaml", str(tmp_path))
     assert "every_steps: 10" in open(spec_text).read()
     # credentials never reach the tracking store
     everything = json.dumps([params, tags])

@@ -82,12 +82,12 @@ def test_rerun_of_an_unknown_run_is_bad_input(finished_runs: FinishedRuns):
     assert f"no MLflow run '{'0' * 32}'" in result.stderr
 
 
-def test_allow_drift_runs_anyway_and_records_the_drift(finished_runs: FinishedRuns):
+def test_allow_drift_runs_anyway_and_records_the_drift(finished_runs: FinishedRuns, tmp_path):
     first, summary = finished_runs.original, finished_runs.drifted_rerun
     assert summary["params_sha256"] == first["params_sha256"]
     client = finished_runs.client
     rerun = client.get_run(summary["mlflow_run_id"])
     assert rerun.data.tags["rerun_of"] == first["mlflow_run_id"]
     assert rerun.data.tags["rerun_drift"] == "true"
-    drift = json.loads(open(client.download_artifacts(rerun.info.run_id, "rerun/drift.json")).read())
+    drift = json.loads(open(client.download_artifacts(rerun.info.run_id, "rerun/drift.json", str(tmp_path))).read())
     assert any(PROBE in line for line in drift), drift
