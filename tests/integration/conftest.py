@@ -3,6 +3,7 @@ PREFECT_HOME, SQLite) and an S3-compatible endpoint (moto) on loopback."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ import pytest
 
 from tests.conftest import ROOT
 from trainflow.backends.ports import free_port
+from trainflow.backends.stacks import py_spy_dump
 from trainflow.drills.servers import stop_server, wait_http
 from trainflow.worker_config import JOB_ENV
 
@@ -115,9 +117,41 @@ def unique_prefix() -> str:
 
 
 def run_cli(args: list[str], env: dict, timeout_s: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(BIN / "trainflow"), *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s
-    )
+    """A `trainflow` command run to its end. One still running after `timeout_s` fails the test with
+    its stderr's tail and the stacks of it and every process under it, all of which are then ended."""
+    command = [str(BIN / "trainflow"), *args]
+    with subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            tree = _tree(proc.pid)
+            stacks = "\n".join(_stacks(process) for process in tree)
+            for process in tree:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
+            try:
+                stdout, stderr = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:  # a process outside the tree still holds its pipes
+                stdout, stderr = "", "(its output pipes are still held open by another process)"
+            pytest.fail(f"trainflow {' '.join(args[:2])} still running after {timeout_s:g} s\n"
+                        f"stderr (tail):\n{stderr[-6000:]}\n{stacks}")
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _stacks(process: psutil.Process) -> str:
+    try:
+        return f"--- {process.pid}: {' '.join(process.cmdline())[:300]}\n{py_spy_dump(process.pid)}"
+    except psutil.NoSuchProcess:
+        return f"--- {process.pid}: gone"
 
 
 def summary_of(result: subprocess.CompletedProcess) -> dict:
