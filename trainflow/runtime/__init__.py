@@ -43,10 +43,10 @@ from trainflow.runtime.comm_timer import CommTimer
 from trainflow.runtime.control import ControlPlane
 from trainflow.runtime.data import ResumableLoader, epochs_of
 from trainflow.runtime.ddp_buckets import BucketOrder
-from trainflow.runtime.leave_groups import leave_process_groups
 from trainflow.runtime.error_report import report_uncaught_errors
 from trainflow.runtime.fault_gate import wait_for_fault
 from trainflow.runtime.layout import ParallelLayout
+from trainflow.runtime.leave_groups import leave_process_groups
 from trainflow.runtime.process_clock import process_started_at
 from trainflow.runtime.resources import ResourceSampler
 from trainflow.runtime.reporter import StatusReporter
