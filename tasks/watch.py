@@ -8,8 +8,11 @@ from tasks import lifecycle_task
 from tasks.attempts import STOP_GRACE_S
 from tasks.records import Launched
 from tasks.reporting import report_progress
+from trainflow.contracts.status_protocol import Checkpoint, Error, Layout, Preempted, Restored
 from trainflow.orchestrator import live, progress
 from trainflow.orchestrator.failures import AttemptResult
+from trainflow.orchestrator.status import RankReport
+from trainflow.orchestrator.stragglers import Straggler
 from trainflow.orchestrator.watcher import AttemptWatcher, WatchLimits
 
 
@@ -20,31 +23,30 @@ def watch_attempt(launched: Launched) -> AttemptResult:
     logger = get_run_logger()
     spec, record, provisioned, handle = launched.spec, launched.record, launched.provisioned, launched.handle
 
-    def on_event(event: dict) -> None:
-        kind = event["kind"]
-        if kind == "checkpoint":
-            live.publish_commit(record.run_id, handle.attempt, event)
-        elif kind == "error":
-            logger.error("rank %s: %s: %s", event.get("rank"), event.get("type"), event.get("message"))
-        elif kind == "restored":
-            logger.info("rank %s restored step %s (%s) in %.2fs%s", event.get("rank"), event["step"], event.get("tier"),
-                        event["seconds"], f"; passed over: {event['fallbacks']}" if event.get("fallbacks") else "")
-            if event.get("rank") == 0:
-                for skipped in event.get("fallbacks", []):  # which checkpoint was passed over, and why
-                    logger.warning("checkpoint skipped at restore: %s", skipped)
-        elif kind == "straggler":
-            logger.warning("rank %s on node %s is a straggler (compute %.1fx the others') at step %s",
-                           event["rank"], event["node"], event["score"], event["step"])
-        elif kind == "layout":
-            logger.info("attempt %d layout: %s, world size %s, dp %s, tp %s, pp %s", handle.attempt,
-                        event.get("strategy"), event.get("world_size"), event.get("dp_degree"),
-                        event.get("tp_degree"), event.get("pp_degree"))
-            for warning in event.get("warnings", []):
-                logger.warning("layout: %s", warning)
-            if event.get("warnings"):
-                provisioned.tracker.set_tags(record.mlflow_run_id, {"layout_warnings": " | ".join(event["warnings"])})
-        elif kind == "preempted" and event.get("signalled"):
-            logger.warning("rank %s was preempted: emergency checkpoint at step %s", event["rank"], event["step"])
+    def on_event(event: RankReport | Straggler) -> None:
+        match event:
+            case RankReport(message=Checkpoint()):
+                live.publish_commit(record.run_id, handle.attempt, event.as_dict())
+            case RankReport(rank=rank, message=Error() as error):
+                logger.error("rank %s: %s: %s", rank, error.type, error.message)
+            case RankReport(rank=rank, message=Restored() as restored):
+                logger.info("rank %s restored step %s (%s) in %.2fs%s", rank, restored.step, restored.tier,
+                            restored.seconds, f"; passed over: {restored.fallbacks}" if restored.fallbacks else "")
+                if rank == 0:
+                    for skipped in restored.fallbacks:  # which checkpoint was passed over, and why
+                        logger.warning("checkpoint skipped at restore: %s", skipped)
+            case Straggler(rank=rank, node=node, score=score, step=step):
+                logger.warning("rank %s on node %s is a straggler (compute %.1fx the others') at step %s",
+                               rank, node, score, step)
+            case RankReport(message=Layout() as layout):
+                logger.info("attempt %d layout: %s, world size %s, dp %s, tp %s, pp %s", handle.attempt,
+                            layout.strategy, layout.world_size, layout.dp_degree, layout.tp_degree, layout.pp_degree)
+                for warning in layout.warnings:
+                    logger.warning("layout: %s", warning)
+                if layout.warnings:
+                    provisioned.tracker.set_tags(record.mlflow_run_id, {"layout_warnings": " | ".join(layout.warnings)})
+            case RankReport(rank=rank, message=Preempted(signalled=True, step=step)):
+                logger.warning("rank %s was preempted: emergency checkpoint at step %s", rank, step)
 
     def on_metrics(rows: list) -> None:
         steps = [(step, value) for key, value, step, _ in rows if key == "loss"]

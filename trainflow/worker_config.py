@@ -14,6 +14,7 @@ from trainflow.private_files import private_folder, write_private
 
 CONFIG_ENV = "TRAINFLOW_WORKER_CONFIG"
 JOB_ENV = "TRAINFLOW_JOB"  # marks every process of a job, so teardown can find survivors
+RELAY_ENV = "TRAINFLOW_STATUS_RELAY"  # where a node's ranks report: its relay, set by the node's agent
 
 
 @dataclass(frozen=True)

@@ -144,7 +144,7 @@ class Job:
             events = []
             while True:
                 try:
-                    events.append(channel.events.get_nowait())
+                    events.append(channel.events.get_nowait().as_dict())
                 except queue.Empty:
                     break
             channel.close()
@@ -424,7 +424,7 @@ def test_without_a_local_tier_every_checkpoint_is_a_snapshot_and_restores_read_s
 
 def reported_failed(channel: StatusServer, step: int) -> bool:
     with channel.events.mutex:  # a look at the queue, leaving its events for the attempt's record
-        pending = list(channel.events.queue)
+        pending = [e.as_dict() for e in channel.events.queue]
     return any(e["kind"] == "checkpoint" and e.get("status") == "failed" and e["step"] == step for e in pending)
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from trainflow.contracts.status_protocol import PROTOCOL_VERSION
 from trainflow.orchestrator.status import AttemptStatus, StatusServer
 
 FORGED_HASH = "f" * 64
@@ -33,7 +34,7 @@ class Connection:
     def __init__(self, server: StatusServer, rank: int, attempt: int = 1, pid: int | None = None, token=None):
         self.identity = {"rank": rank, "node": rank, "attempt": attempt, "pid": 1000 + rank if pid is None else pid}
         self.sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-        self.send("hello", token=server.token if token is None else token)
+        self.send("hello", token=server.token if token is None else token, version=PROTOCOL_VERSION)
 
     def send(self, kind: str, **fields) -> None:
         message = {**self.identity, "kind": kind, "t": time.time(), **fields}
@@ -43,6 +44,14 @@ class Connection:
         self.send("progress", steps=[{"step": step, "step_time_s": 0.01}])
 
     def close(self) -> None:
+        """As a worker ends its stream: no more lines, then the server's answers read to their end
+        (closing with answers unread would reset the connection, and lose what it sent)."""
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+            while self.sock.recv(65536):
+                pass
+        except OSError:
+            pass
         self.sock.close()
 
 
@@ -93,7 +102,7 @@ def test_finished_once_every_rank_reported_with_rank_0s_hash(server, connect):
     assert (finished["rank"], finished["step"], finished["params_sha256"]) == (0, 10, "a" * 64)
     events = []
     while not server.events.empty():
-        events.append(server.events.get_nowait())
+        events.append(server.events.get_nowait().as_dict())
     assert [e["params_sha256"] for e in events if e["kind"] == "finished"] == ["a" * 64]  # one event, rank 0's
 
 
@@ -191,7 +200,8 @@ def test_a_closed_connection_is_counted_only_once_everything_it_sent_is_applied(
 def drain(q) -> list:
     items = []
     while not q.empty():
-        items.append(q.get_nowait())
+        item = q.get_nowait()
+        items.append(item.as_dict() if hasattr(item, "as_dict") else item)
     return items
 
 

@@ -15,9 +15,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from trainflow.runtime.reporter import StatusReporter
+from trainflow.contracts.status_protocol import PROTOCOL_VERSION, Progress, StepEntry
 from trainflow.orchestrator.status import StatusServer
 from trainflow.orchestrator.status_limits import ChannelLimits
+from trainflow.runtime.reporter import StatusReporter
 
 MiB = 1 << 20
 
@@ -66,7 +67,7 @@ def serves_a_real_worker(server: StatusServer, step: int = 7) -> bool:
     reporter = StatusReporter(server.address, server.token, {"rank": 0, "node": 0, "attempt": 1, "pid": 100},
                               heartbeat_interval_s=0.1, orchestrator_timeout_s=30)
     try:
-        reporter.send("progress", steps=[{"step": step, "step_time_s": 0.01}])
+        reporter.send(Progress(steps=[StepEntry(step=step, step_time_s=0.01)]))
         eventually(lambda: 0 in server.snapshot().ranks and server.snapshot().ranks[0].step == step,
                    "the real worker's progress reaches the server")
         return True
@@ -163,7 +164,7 @@ def test_a_malformed_message_after_the_hello_is_dropped_and_the_connection_goes_
         identity = {"rank": 0, "node": 0, "attempt": 1, "pid": 100}
         good = {**identity, "kind": "progress", "t": time.time(), "steps": [{"step": 3, "step_time_s": 0.01}]}
         bad = message if isinstance(message, list) else {**identity, **message}
-        lines = [{"kind": "hello", "token": server.token, **identity}, bad, bad, good]
+        lines = [{"kind": "hello", "token": server.token, "version": PROTOCOL_VERSION, **identity}, bad, bad, good]
         sock.sendall(b"".join(json.dumps(m).encode() + b"\n" for m in lines))
         eventually(lambda: 0 in server.snapshot().ranks and server.snapshot().ranks[0].step == 3,
                    "the good message after the bad ones is applied")
@@ -223,7 +224,8 @@ def send_endless_line(port: int, first: bytes, total: int) -> int:
 @pytest.mark.parametrize("authenticated", [False, True])
 def test_a_100_mib_line_does_not_grow_the_servers_memory(server_process, authenticated):
     proc, server = server_process
-    hello = json.dumps({"kind": "hello", "token": server["token"], "rank": 0, "node": 0, "attempt": 1, "pid": 1})
+    hello = json.dumps({"kind": "hello", "token": server["token"], "rank": 0, "node": 0, "attempt": 1, "pid": 1,
+                        "version": PROTOCOL_VERSION})
     before = int(ask(proc, "peak"))
     sent = send_endless_line(server["port"], (hello + "\n").encode() if authenticated else b'{"kind": "hello"',
                              total=100 * MiB)

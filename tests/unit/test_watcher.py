@@ -8,9 +8,11 @@ import time
 import pytest
 
 from trainflow.backends.base import AttemptHandle, NodeExit
+from trainflow.contracts.status_protocol import Checkpoint, Finished, Progress, StepEntry, Storage
 from trainflow.orchestrator.failures import Outcome
 from trainflow.runtime.reporter import StatusReporter
 from trainflow.orchestrator.status import StatusServer
+from trainflow.orchestrator.stragglers import Straggler
 from trainflow.orchestrator.watcher import AttemptWatcher, WatchLimits
 
 
@@ -56,7 +58,7 @@ def test_heartbeats_without_progress_are_a_hang_with_stacks(channel):
     ranks = [reporter(channel, r) for r in range(2)]
     try:
         for r in ranks:
-            r.send("progress", steps=[{"step": 5, "step_time_s": 0.01, "compute_s": 0.01}])
+            r.send(Progress(steps=[StepEntry(step=5, step_time_s=0.01, compute_s=0.01)]))
         launcher = StandInLauncher(2)
         started = time.monotonic()
         result = watcher(channel, launcher, heartbeat_timeout_s=5, hang_timeout_s=1.0).run(poll_s=0.05)
@@ -73,7 +75,7 @@ def test_silence_without_exit_is_a_lost_node(channel):
     alive, doomed = reporter(channel, 0), reporter(channel, 1)
     try:
         for r in (alive, doomed):
-            r.send("progress", steps=[{"step": 3, "step_time_s": 0.01}])
+            r.send(Progress(steps=[StepEntry(step=3, step_time_s=0.01)]))
         time.sleep(0.2)
         doomed.close()  # node 1 goes quiet, its process "still running"
         result = watcher(channel, StandInLauncher(2), heartbeat_timeout_s=0.6, hang_timeout_s=30).run(poll_s=0.05)
@@ -87,7 +89,7 @@ def test_a_frozen_worker_on_a_live_node_is_a_hang(channel):
     alive, frozen = reporter(channel, 0), reporter(channel, 1)
     try:
         for r in (alive, frozen):
-            r.send("progress", steps=[{"step": 3, "step_time_s": 0.01}])
+            r.send(Progress(steps=[StepEntry(step=3, step_time_s=0.01)]))
         time.sleep(0.2)
         frozen.close()
         result = watcher(channel, StandInLauncher(2, state="workers-stopped"), heartbeat_timeout_s=0.6,
@@ -106,14 +108,14 @@ def test_a_slow_rank_is_reported_as_a_straggler_and_training_goes_on(channel):
                            straggler_factor=1.5, straggler_steps=3), 2, 0, lambda rows: None, events.append)
     try:
         for step in range(1, 41):
-            ranks[0].send("progress", steps=[{"step": step, "step_time_s": 0.03, "compute_s": 0.01}])
-            ranks[1].send("progress", steps=[{"step": step, "step_time_s": 0.03, "compute_s": 0.03}])
+            ranks[0].send(Progress(steps=[StepEntry(step=step, step_time_s=0.03, compute_s=0.01)]))
+            ranks[1].send(Progress(steps=[StepEntry(step=step, step_time_s=0.03, compute_s=0.03)]))
         time.sleep(0.5)
         for _ in range(5):
             assert watch._check() is None  # not fatal
-        stragglers = [e for e in events if e["kind"] == "straggler"]
-        assert [(e["rank"], e["node"]) for e in stragglers] == [(1, 1)]
-        assert stragglers[0]["score"] == pytest.approx(3.0, rel=0.01)
+        stragglers = [e for e in events if isinstance(e, Straggler)]
+        assert [(e.rank, e.node) for e in stragglers] == [(1, 1)]
+        assert stragglers[0].score == pytest.approx(3.0, rel=0.01)
     finally:
         for r in ranks:
             r.close()
@@ -121,7 +123,7 @@ def test_a_slow_rank_is_reported_as_a_straggler_and_training_goes_on(channel):
 
 def test_an_exit_ends_the_watch_at_once(channel):
     trained = reporter(channel, 1)
-    trained.send("progress", steps=[{"step": 3, "step_time_s": 0.01}])
+    trained.send(Progress(steps=[StepEntry(step=3, step_time_s=0.01)]))
     trained.close()
     deadline = time.monotonic() + 30
     while channel.snapshot().first_step_at is None and time.monotonic() < deadline:
@@ -136,11 +138,11 @@ def test_a_stall_while_ranks_wait_on_the_checkpoint_store_is_infra_not_a_hang(ch
     ranks = [reporter(channel, r) for r in range(2)]
     try:
         # sent before the last progress, on the same connections: known to the watcher when it stalls
-        ranks[0].send("checkpoint", step=4, prefix="run/step-00000004", status="failed",
-                      reason="upload failed: rank 0: ReadTimeoutError", bytes=0, stall_s=0.0)
+        ranks[0].send(Checkpoint(step=4, prefix="run/step-00000004", status="failed",
+                      reason="upload failed: rank 0: ReadTimeoutError", bytes=0, stall_s=0.0))
         for r in ranks:
-            r.send("storage", state="waiting", since=time.time(), call="waiting for the checkpoint save of step 5")
-            r.send("progress", steps=[{"step": 5, "step_time_s": 0.01, "compute_s": 0.01}])
+            r.send(Storage(state="waiting", since=time.time(), call="waiting for the checkpoint save of step 5"))
+            r.send(Progress(steps=[StepEntry(step=5, step_time_s=0.01, compute_s=0.01)]))
         launcher = StandInLauncher(2)
         result = watcher(channel, launcher, heartbeat_timeout_s=5, hang_timeout_s=1.0).run(poll_s=0.05)
         assert result.outcome == Outcome.INFRA
@@ -156,9 +158,9 @@ def test_a_stall_while_ranks_wait_on_the_checkpoint_store_is_infra_not_a_hang(ch
 def test_a_stall_with_a_rank_stuck_outside_storage_calls_is_a_hang(channel):
     ranks = [reporter(channel, r) for r in range(2)]
     try:
-        ranks[0].send("storage", state="waiting", since=time.time(), call="waiting for the checkpoint save of step 5")
+        ranks[0].send(Storage(state="waiting", since=time.time(), call="waiting for the checkpoint save of step 5"))
         for r in ranks:
-            r.send("progress", steps=[{"step": 5, "step_time_s": 0.01, "compute_s": 0.01}])
+            r.send(Progress(steps=[StepEntry(step=5, step_time_s=0.01, compute_s=0.01)]))
         result = watcher(channel, StandInLauncher(2), heartbeat_timeout_s=5, hang_timeout_s=1.0).run(poll_s=0.05)
         assert result.outcome == Outcome.HUNG
     finally:
@@ -170,9 +172,9 @@ def test_a_stall_after_the_storage_call_returned_is_still_a_hang(channel):
     ranks = [reporter(channel, r) for r in range(2)]
     try:
         for r in ranks:
-            r.send("storage", state="waiting", since=time.time(), call="waiting for the checkpoint save of step 5")
-            r.send("storage", state="done", since=time.time(), call="waiting for the checkpoint save of step 5")
-            r.send("progress", steps=[{"step": 5, "step_time_s": 0.01, "compute_s": 0.01}])
+            r.send(Storage(state="waiting", since=time.time(), call="waiting for the checkpoint save of step 5"))
+            r.send(Storage(state="done", since=time.time(), call="waiting for the checkpoint save of step 5"))
+            r.send(Progress(steps=[StepEntry(step=5, step_time_s=0.01, compute_s=0.01)]))
         result = watcher(channel, StandInLauncher(2), heartbeat_timeout_s=5, hang_timeout_s=1.0).run(poll_s=0.05)
         assert result.outcome == Outcome.HUNG
     finally:
@@ -198,9 +200,9 @@ class LingeringAgentLauncher(StandInLauncher):
 def test_a_lingering_agent_does_not_turn_a_finished_attempt_into_a_crash(channel):
     ranks = [reporter(channel, r) for r in range(2)]
     for r in ranks:
-        r.send("progress", steps=[{"step": 200, "step_time_s": 0.01}])
-    ranks[0].send("finished", step=200, params_sha256="ab" * 32, loss=0.1)
-    ranks[1].send("finished", step=200)
+        r.send(Progress(steps=[StepEntry(step=200, step_time_s=0.01)]))
+    ranks[0].send(Finished(step=200, params_sha256="ab" * 32, loss=0.1))
+    ranks[1].send(Finished(step=200))
     for r in ranks:
         r.close()
     deadline = time.monotonic() + 30
@@ -253,9 +255,9 @@ def test_a_plain_script_is_watched_by_its_exits_only(channel):
 def test_ranks_that_finished_are_not_lost_while_their_processes_take_time_to_exit(channel):
     ranks = [reporter(channel, r) for r in range(2)]
     for r in ranks:
-        r.send("progress", steps=[{"step": 60, "step_time_s": 0.01}])
-    ranks[0].send("finished", step=60, params_sha256="ab" * 32, loss=0.1)
-    ranks[1].send("finished", step=60)
+        r.send(Progress(steps=[StepEntry(step=60, step_time_s=0.01)]))
+    ranks[0].send(Finished(step=60, params_sha256="ab" * 32, loss=0.1))
+    ranks[1].send(Finished(step=60))
     for r in ranks:
         r.close()  # heartbeats stop here, as in run.finish()
     deadline = time.monotonic() + 30
@@ -283,7 +285,7 @@ def test_a_slow_start_up_is_no_hang_when_one_rank_reports_its_first_step_before_
     channel._attempt.started_at -= 60  # launched a minute ago: a start-up on a loaded host
     ranks = [reporter(channel, r) for r in range(2)]
     try:
-        ranks[1].send("progress", steps=[{"step": 1, "step_time_s": 0.01, "compute_s": 0.01}])
+        ranks[1].send(Progress(steps=[StepEntry(step=1, step_time_s=0.01, compute_s=0.01)]))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and (1 not in channel.snapshot().ranks or 0 not in channel.snapshot().ranks
                                                or channel.snapshot().first_step_at is None):
@@ -301,10 +303,10 @@ def test_the_loss_is_the_mean_over_ranks_and_final_loss_the_mean_of_their_last_l
     ranks = [reporter(channel, r) for r in range(2)]
     for step, (zero, one) in enumerate([(1.0, 3.0), (0.5, 1.5), (0.25, 0.75)], start=1):
         metrics = {"loss": zero, "lr": 0.1, "step_time_s": 0.01}
-        ranks[0].send("progress", steps=[{"step": step, "step_time_s": 0.01, "metrics": metrics}])
-        ranks[1].send("progress", steps=[{"step": step, "step_time_s": 0.01, "loss": one}])
-    ranks[0].send("finished", step=3, params_sha256="ab" * 32, loss=0.25)
-    ranks[1].send("finished", step=3, loss=0.75)
+        ranks[0].send(Progress(steps=[StepEntry(step=step, step_time_s=0.01, metrics=metrics)]))
+        ranks[1].send(Progress(steps=[StepEntry(step=step, step_time_s=0.01, loss=one)]))
+    ranks[0].send(Finished(step=3, params_sha256="ab" * 32, loss=0.25))
+    ranks[1].send(Finished(step=3, loss=0.75))
     for r in ranks:
         r.close()
     deadline = time.monotonic() + 30

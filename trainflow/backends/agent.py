@@ -7,7 +7,11 @@ the interpreter would wait for them at exit forever: an agent that outlives its 
 os._exit once torchrun has returned or raised skips that wait; what torchrun writes (its error
 file, its logs) is written before. Stopped by a signal (torchrun's SignalException, once it has
 ended its workers), the agent exits 128 + the signal's number, as a shell reports it: the
-orchestrator tells a node that was stopped from one that failed."""
+orchestrator tells a node that was stopped from one that failed.
+
+The agent also runs its node's status relay (trainflow/relay/): its ranks report to it, and it sends
+one stream for the node to the orchestrator; it is closed (its last report sent) before the agent
+exits."""
 
 from __future__ import annotations
 
@@ -21,12 +25,15 @@ def main() -> None:
     from torch.distributed.run import main as torchrun
 
     from trainflow.backends import rank_records, quick_rendezvous
+    from trainflow.relay.relay import start_for_node
 
     quick_rendezvous.install_from_environment()
     rank_records.install_from_environment()
 
     code = 0
+    relay = None
     try:
+        relay = start_for_node()
         torchrun()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -37,6 +44,8 @@ def main() -> None:
         traceback.print_exc()
         code = 1
     finally:
+        if relay is not None:
+            relay.close()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -8,6 +8,7 @@ arrive, so an attempt's totals never wait for a rank that stopped reporting.
 
 from __future__ import annotations
 
+from trainflow.contracts.status_protocol import StepSum
 from trainflow.orchestrator.rank_steps import StepReport, StepsOverRanks
 from trainflow.orchestrator.step_metrics import MetricRows, StepMetricWindow
 
@@ -21,8 +22,8 @@ class AttemptMetrics:
         self._window = StepMetricWindow(every_s, mean_metrics, final_step)
         self._rows: MetricRows = []
 
-    def add_step(self, report: StepReport) -> None:
-        metrics = report.metrics or {}
+    def add_step(self, report: StepReport | StepSum) -> None:
+        metrics = {k: v for k, v in (report.metrics or {}).items() if v is not None}
         for key in TIMING_TOTALS:
             if key in metrics:
                 self.totals[key] = self.totals.get(key, 0.0) + metrics[key]

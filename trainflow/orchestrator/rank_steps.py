@@ -1,7 +1,9 @@
 """Every rank's report of a step, joined into the step's one row of metrics.
 
 Each rank reports every step it trains, with its own loss when its script logged one; rank 0 also
-sends the step's other metrics. A step's loss is the mean over the ranks that logged one. A step's
+sends the step's other metrics. A node's relay sends the sum of its ranks' reports of a step
+(StepSum). A step's loss is the mean over the ranks that logged one: ranks' own losses summed in
+rank order, then the nodes' sums in the order they arrive. A step's
 row is complete only once every rank of the world has reported that step, whatever order the
 reports arrive in, so the mean never depends on how fast a rank's batch travelled. When the attempt
 ends first (a rank died, or was stopped), its incomplete steps are recorded with the ranks that
@@ -11,6 +13,8 @@ did report, and the row says how many it used (`loss_ranks`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from trainflow.contracts.status_protocol import StepEntry, StepSum
 
 StepRow = tuple[int, float, dict[str, float]]  # step, time, metrics
 
@@ -26,11 +30,12 @@ class StepReport:
     metrics: dict[str, float] | None = None  # rank 0's metrics of the step (loss included)
 
     @classmethod
-    def of_entry(cls, rank: int, entry: dict, sent_at: float) -> StepReport:
+    def of_entry(cls, rank: int, entry: StepEntry, sent_at: float) -> StepReport:
         """A progress entry as the status channel accepted it: rank 0's metrics carry its loss, the
         other ranks send only theirs, beside the step."""
-        loss = entry.get("loss", (entry.get("metrics") or {}).get("loss"))
-        return cls(rank, entry["step"], entry.get("t", sent_at), loss, entry.get("metrics") if rank == 0 else None)
+        t = entry.t if entry.t is not None else sent_at
+        metrics = {k: v for k, v in entry.metrics.items() if v is not None} if entry.metrics and rank == 0 else None
+        return cls(rank, entry.step, t, entry.rank_loss, metrics)
 
 
 def mean_over_ranks(losses: dict[int, float]) -> float:
@@ -44,6 +49,9 @@ class _Step:
     ranks: set[int] = field(default_factory=set)
     losses: dict[int, float] = field(default_factory=dict)
     metrics: dict[str, float] | None = None
+    summed: int = 0  # ranks counted in the nodes' sums below
+    loss_sum: float = 0.0
+    loss_count: int = 0
 
 
 class StepsOverRanks:
@@ -51,15 +59,22 @@ class StepsOverRanks:
         self.world_size = world_size
         self._open: dict[int, _Step] = {}
 
-    def add(self, report: StepReport) -> list[StepRow]:
-        """One rank's report; returns the rows of the steps it completed, in step order."""
+    def add(self, report: StepReport | StepSum) -> list[StepRow]:
+        """One rank's report, or a node's sum; returns the rows of the steps it completed."""
         step = self._open.setdefault(report.step, _Step(report.t))
-        step.ranks.add(report.rank)
-        if report.loss is not None:
-            step.losses[report.rank] = report.loss
-        if report.rank == 0:
-            step.metrics, step.t = dict(report.metrics or {}), report.t
-        if len(step.ranks) < self.world_size:
+        if isinstance(report, StepSum):
+            step.summed += report.ranks
+            step.loss_sum += report.loss_sum
+            step.loss_count += report.loss_count
+            if report.metrics is not None:
+                step.metrics, step.t = {k: v for k, v in report.metrics.items() if v is not None}, report.t
+        else:
+            step.ranks.add(report.rank)
+            if report.loss is not None:
+                step.losses[report.rank] = report.loss
+            if report.rank == 0:
+                step.metrics, step.t = dict(report.metrics or {}), report.t
+        if len(step.ranks) + step.summed < self.world_size:
             return []
         del self._open[report.step]
         return [row for row in [_row(report.step, step, partial=False)] if row is not None]
@@ -74,8 +89,10 @@ class StepsOverRanks:
 def _row(number: int, step: _Step, partial: bool) -> StepRow | None:
     metrics = dict(step.metrics or {})
     metrics.pop("loss", None)
-    if step.losses:
-        metrics["loss"] = mean_over_ranks(step.losses)
+    count = len(step.losses) + step.loss_count
+    if count:
+        own = sum(step.losses[rank] for rank in sorted(step.losses))
+        metrics["loss"] = mean_over_ranks(step.losses) if not step.loss_count else (own + step.loss_sum) / count
         if partial:
-            metrics["loss_ranks"] = float(len(step.losses))
+            metrics["loss_ranks"] = float(count)
     return (number, step.t, metrics) if metrics else None

@@ -10,8 +10,12 @@
 - exit: a node's ranks are still running `exit_timeout_s` after another node's all exited 0 (a
   rank deadlocked at interpreter exit, a thread that never ends): a hang, with the stacks of the
   ranks still running
-- start-up: no rank reports within `startup_timeout_s` of launch, or none steps within it: a hang
-  before the first step (with stacks), never an infrastructure failure
+- start-up: no rank reports within `startup_timeout_s` of launch, or none steps within it, or some
+  ranks never report (named): a hang before the first step (with stacks), never an infrastructure
+  failure
+
+Each poll reads the channel's summary, whose cost follows the number of nodes; every rank is
+copied only for a verdict, and stragglers are scored every few seconds at most.
 
 An exit is classified only once every agent of a node whose worker died has exited too, so its
 own exit code and failure report are in: a lingering agent (node 0's hosts the rendezvous store)
@@ -29,7 +33,8 @@ from dataclasses import dataclass
 from trainflow.backends import AttemptHandle, Launcher
 from trainflow.backends.abilities import DescribesNodes, DumpsStacks, KnowsRankProcesses, ProbesNodes
 from trainflow.orchestrator.failures import AttemptResult, Outcome, classify_exit, rank_failures
-from trainflow.orchestrator.status import AttemptStatus, StatusServer
+from trainflow.contracts.status_protocol import Checkpoint, Storage
+from trainflow.orchestrator.status import AttemptStatus, AttemptSummary, RankReport, StatusServer
 from trainflow.orchestrator.attempt_metrics import AttemptMetrics
 from trainflow.orchestrator.step_metrics import MetricRows
 from trainflow.orchestrator.stragglers import StragglerWatch
@@ -54,11 +59,10 @@ class WatchLimits:
     startup_timeout_s: float = 600.0
     exit_timeout_s: float = 300.0
 
-    def hang_after(self, status: AttemptStatus) -> float:
+    def hang_after(self, status: AttemptSummary) -> float:
         if self.hang_timeout_s is not None:
             return self.hang_timeout_s
-        slowest = max((r.step_time_s or 0.0 for r in status.ranks.values()), default=0.0)
-        return max(HANG_FLOOR_S, HANG_STEP_FACTOR * slowest)
+        return max(HANG_FLOOR_S, HANG_STEP_FACTOR * status.slowest_step_s)
 
 
 class AttemptWatcher:
@@ -71,7 +75,7 @@ class AttemptWatcher:
         world_size: int,
         resumed_from_step: int,
         on_metrics: Callable[[MetricRows], None],
-        on_event: Callable[[dict], None],
+        on_event: Callable[[object], None],
         step_metrics_every_s: float = 0.0,
         mean_metrics: tuple[str, ...] = (),
         final_step: int | None = None,
@@ -91,7 +95,7 @@ class AttemptWatcher:
         self._flushed_at = time.monotonic()
         self._straggler_watch = StragglerWatch(limits.straggler_factor, limits.straggler_steps)
         self.stragglers = self._straggler_watch.stragglers
-        self._storage_calls: dict[int, dict] = {}  # rank -> the storage call it is blocked in
+        self._storage_calls: dict[int, RankReport] = {}  # rank -> the storage call it is blocked in
         self._storage_error = ""  # the last failed checkpoint's reason
         self._leaving_since: float | None = None
         self._done_since: float | None = None  # when the first node was through with the job
@@ -114,77 +118,77 @@ class AttemptWatcher:
     def _check(self) -> AttemptResult | None:
         now = time.time()
         exits = self.launcher.poll(self.handle)
-        status = self.channel.snapshot()
+        status = self.channel.summary()
         if any(e.failing for e in exits) or all(not e.running for e in exits):
             verdict = self._ended_by_exit(exits, now)
             if verdict is not None:
                 return verdict
             exits = self.launcher.poll(self.handle)  # the workers that had gone had finished
         if any(e.done for e in exits):
-            verdict = self._exit_overdue(exits, status, now)
+            verdict = self._exit_overdue(exits, now)
             if verdict is not None:
                 return verdict
 
         if self.plain:
             return None
-        if not status.ranks:
+        if not status.known:
             if now - self.handle.started_at > self.limits.startup_timeout_s:
                 reason = (f"no worker reported within fault_tolerance.startup_timeout_s "
                           f"({self.limits.startup_timeout_s:g}s) of launch")
                 evidence = {"startup_timeout_s": self.limits.startup_timeout_s}
                 if isinstance(self.launcher, DescribesNodes):  # why nothing started, as the backend sees it
                     evidence["nodes_seen"] = self.launcher.describe(self.handle)
-                return self._hung(reason, status, now, None, evidence)
+                return self._hung(reason, self.channel.snapshot(), now, None, evidence)
             return None
 
         self._watch_stragglers(status)
         # a rank that said it is leaving (finished, raised, preempted, diverged) has stopped its
         # heartbeats on purpose; its exit decides, however long a loaded machine takes to deliver it
-        leaving = self._leaving(status)
-        if leaving:
+        if status.leaving:
             since = self._leaving_since = self._leaving_since or now
-            if len(leaving) == len(status.ranks) and now - since > AGENT_EXIT_WAIT_S:
+            if status.leaving == status.known and now - since > AGENT_EXIT_WAIT_S:
+                full = self.channel.snapshot()
                 reason = f"every rank said it was leaving but the processes did not exit within {AGENT_EXIT_WAIT_S:g}s"
-                return self._hung(reason, status, now, since, {"leaving": sorted(leaving)})
-        silent = [r for r in status.ranks.values()
-                  if r.rank not in leaving and now - r.last_seen > self.limits.heartbeat_timeout_s]
-        if silent:
-            rank = min(silent, key=lambda r: r.last_seen)
-            state = self._probe(rank.node)
-            evidence = {"node": rank.node, "rank": rank.rank, "node_state": state,
-                        "last_heartbeats": {r.rank: round(now - r.last_seen, 2) for r in status.ranks.values()}}
+                return self._hung(reason, full, now, since, {"leaving": sorted(full.leaving())})
+        if status.silent_rank is not None and now - status.silent_since > self.limits.heartbeat_timeout_s:
+            rank, node, last_seen = status.silent_rank, status.silent_node, status.silent_since
+            state = self._probe(node)
+            full = self.channel.snapshot()
+            evidence = {"node": node, "rank": rank, "node_state": state,
+                        "last_heartbeats": _last_heartbeats(full, now)}
             if state == "workers-stopped":
-                reason = f"rank {rank.rank} on node {rank.node} is frozen while its node is alive"
-                return self._hung(reason, status, now, rank.last_seen, evidence)
-            reason = (f"node {rank.node} (rank {rank.rank}) silent for {now - rank.last_seen:.1f}s "
-                      f"without exiting ({state})")
-            return self._result(Outcome.NODE_LOST, reason, status, now, rank.last_seen, evidence)
+                reason = f"rank {rank} on node {node} is frozen while its node is alive"
+                return self._hung(reason, full, now, last_seen, evidence)
+            reason = f"node {node} (rank {rank}) silent for {now - last_seen:.1f}s without exiting ({state})"
+            return self._result(Outcome.NODE_LOST, reason, full, now, last_seen, evidence)
 
-        if len(status.ranks) == self.world_size and not leaving:
+        if status.known < self.world_size and now - self.handle.started_at > self.limits.startup_timeout_s:
+            # some ranks never said a word: named, never taken for a lost node nor waited for forever
+            full = self.channel.snapshot()
+            missing = sorted(set(range(self.world_size)) - set(full.ranks))
+            reason = (f"ranks {_ranges(missing)} never reported within fault_tolerance.startup_timeout_s "
+                      f"({self.limits.startup_timeout_s:g}s) of launch")
+            return self._hung(reason, full, now, None, {"never_reported": missing,
+                                                        "startup_timeout_s": self.limits.startup_timeout_s})
+        if status.known == self.world_size and not status.leaving:
             # a rank yet to report its first step is behind since the attempt's first step, not since
             # launch: a start-up slower than the hang timeout (a loaded host) is no hang
-            stalled_since = min(r.progressed_at or status.first_step_at or status.started_at
-                                for r in status.ranks.values())
+            stalled_since = status.stalled_since
             limit = self.limits.hang_after(status) if status.first_step_at else self.limits.startup_timeout_s
             if now - stalled_since > limit:
-                stuck = sorted(r.rank for r in status.ranks.values() if (r.progressed_at or 0) <= stalled_since)
+                full = self.channel.snapshot()
+                stuck = sorted(r.rank for r in full.ranks.values() if (r.progressed_at or 0) <= stalled_since)
                 # in an outage every rank waits on the store (each uploads its own files); a rank
                 # stuck anywhere else makes it a hang
-                if all(rank in self._storage_calls for rank in status.ranks):
-                    return self._storage_stall(status, now, stalled_since)
-                reason = f"no step progress for {now - stalled_since:.1f}s (ranks {stuck}) while heartbeats continue"
+                if all(rank in self._storage_calls for rank in full.ranks):
+                    return self._storage_stall(full, now, stalled_since)
+                reason = f"no step progress for {now - stalled_since:.1f}s (ranks {_ranges(stuck)}) while heartbeats continue"
                 if not status.first_step_at:
                     reason += f", no first step within fault_tolerance.startup_timeout_s ({limit:g}s)"
-                return self._hung(reason, status, now, stalled_since, {"ranks": stuck, "hang_timeout_s": limit})
+                return self._hung(reason, full, now, stalled_since, {"ranks": stuck, "hang_timeout_s": limit})
         return None
 
-    @staticmethod
-    def _leaving(status: AttemptStatus) -> set[int]:
-        if status.preempted is not None or status.diverged is not None:
-            return set(status.ranks)  # every rank stops at the same control point
-        return set(status.finished_ranks) | {int(e.get("rank", -1)) for e in status.errors}
-
-    def _exit_overdue(self, exits, status: AttemptStatus, now: float) -> AttemptResult | None:
+    def _exit_overdue(self, exits, now: float) -> AttemptResult | None:
         """Nodes still running long after another node's workers were through with the job: a rank
         that does not exit (a deadlock at interpreter exit, a forgotten thread) holds the job, and
         plain scripts have no heartbeats that would show it."""
@@ -196,7 +200,7 @@ class AttemptWatcher:
         reason = (f"node {_nodes(running)} still running {now - since:.0f}s after node {_nodes(done)} finished "
                   f"(fault_tolerance.exit_timeout_s: {self.limits.exit_timeout_s:g}s)")
         evidence = {"finished_nodes": done, "running_nodes": running, "exit_timeout_s": self.limits.exit_timeout_s}
-        return self._hung(reason, status, now, since, evidence, nodes=running)
+        return self._hung(reason, self.channel.snapshot(), now, since, evidence, nodes=running)
 
     def _ended_by_exit(self, exits, detected_at: float) -> AttemptResult | None:
         """The verdict on an attempt a node has ended or failed; None when the workers that had
@@ -238,13 +242,14 @@ class AttemptWatcher:
 
     def _storage_stall(self, status, now: float, stalled_since: float) -> AttemptResult:
         """No progress while ranks wait on the checkpoint store: a storage outage (INFRA), not a hang."""
-        first = min(self._storage_calls.values(), key=lambda c: c["since"])
-        reason = (f"no step progress for {now - stalled_since:.1f}s: ranks {sorted(self._storage_calls)} blocked "
-                  f"in storage calls, rank {first['rank']} for {now - first['since']:.1f}s ({first['call']})")
+        first = min(self._storage_calls.values(), key=lambda c: c.message.since)
+        call = first.message
+        reason = (f"no step progress for {now - stalled_since:.1f}s: ranks {_ranges(sorted(self._storage_calls))} "
+                  f"blocked in storage calls, rank {first.rank} for {now - call.since:.1f}s ({call.call})")
         if self._storage_error:
             reason += f"; last storage error: {self._storage_error}"
-        evidence = {"storage_calls": list(self._storage_calls.values())}
-        return self._result(Outcome.INFRA, reason, status, now, first["since"], evidence)
+        evidence = {"storage_calls": [c.as_dict() for c in self._storage_calls.values()]}
+        return self._result(Outcome.INFRA, reason, status, now, call.since, evidence)
 
     def _hung(self, reason, status, detected_at, failed_at, evidence, nodes=None) -> AttemptResult:
         result = self._result(Outcome.HUNG, reason, status, detected_at, failed_at, evidence)
@@ -264,8 +269,8 @@ class AttemptWatcher:
             pids = self.launcher.rank_processes(self.handle, nodes if nodes is not None else list(self.handle.processes))
         return self.launcher.dump_stacks(self.handle, pids)
 
-    def _watch_stragglers(self, status: AttemptStatus) -> None:
-        found, scores = self._straggler_watch.check(status)
+    def _watch_stragglers(self, status: AttemptSummary) -> None:
+        found, scores = self._straggler_watch.check(self.channel, status)
         for report in found:
             self.on_event(report)
         self._metrics.add_rows(scores)
@@ -310,16 +315,18 @@ class AttemptWatcher:
                 event = self.channel.events.get_nowait()
             except queue.Empty:
                 break
-            if event["kind"] == "storage":
-                if event.get("state") == "waiting":
-                    self._storage_calls[event.get("rank", -1)] = event
-                else:
-                    self._storage_calls.pop(event.get("rank", -1), None)
-            if event["kind"] == "checkpoint" and event.get("status") == "failed":
-                self._storage_error = str(event.get("reason", ""))[:500]
-            if event["kind"] == "checkpoint":  # the time training stood still for it
-                stall = event.get("stall_s", event.get("stage_s", 0) + event.get("save_s", 0) + event.get("upload_s", 0))
-                self.totals["checkpoint_stall_s"] = self.totals.get("checkpoint_stall_s", 0.0) + stall
+            match event.message:
+                case Storage(state="waiting"):
+                    self._storage_calls[event.rank] = event
+                case Storage():
+                    self._storage_calls.pop(event.rank, None)
+                case Checkpoint() as checkpoint:
+                    if checkpoint.status == "failed":
+                        self._storage_error = (checkpoint.reason or "")[:500]
+                    # the time training stood still for it
+                    stall = checkpoint.stall_s if checkpoint.stall_s is not None else sum(
+                        s or 0.0 for s in (checkpoint.stage_s, checkpoint.save_s, checkpoint.upload_s))
+                    self.totals["checkpoint_stall_s"] = self.totals.get("checkpoint_stall_s", 0.0) + stall
             self.on_event(event)
         if time.monotonic() - self._flushed_at > METRICS_FLUSH_S:
             self._flush()
@@ -333,3 +340,20 @@ class AttemptWatcher:
 
 def _nodes(nodes: list[int]) -> str:
     return ", ".join(str(n) for n in nodes)
+
+
+def _ranges(ranks: list[int]) -> str:
+    """Sorted ranks as runs: `0-7, 9, 12-15` (a job's thousands of ranks in one line)."""
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _last_heartbeats(status: AttemptStatus, now: float, most: int = 64) -> dict[int, float]:
+    """Seconds since each rank's last heartbeat, the oldest first (at most `most` of them)."""
+    oldest = sorted(status.ranks.values(), key=lambda r: r.last_seen)[:most]
+    return {r.rank: round(now - r.last_seen, 2) for r in oldest}

@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from trainflow.checkpoint.storage import open_storage
+from trainflow.contracts import status_protocol as wire
 from trainflow.runtime import exit_codes
 from trainflow.runtime.checkpointing import Checkpointer, Stateful
 from trainflow.runtime.comm_timer import CommTimer
@@ -49,7 +50,7 @@ from trainflow.runtime.layout import ParallelLayout
 from trainflow.runtime.leave_groups import leave_process_groups
 from trainflow.runtime.process_clock import process_started_at
 from trainflow.runtime.resources import ResourceSampler
-from trainflow.runtime.reporter import StatusReporter
+from trainflow.runtime.reporter import StatusReporter, status_address
 from trainflow.runtime.sharding import layout_warnings, replicated_dims
 from trainflow.runtime.state import full_params_sha256, seed_everything
 from trainflow.runtime.step_reports import StepReports
@@ -80,7 +81,7 @@ class Run:
         )
         self._mesh = None
         self.reporter = StatusReporter(
-            config.status_address,
+            status_address(config.status_address),
             config.status_token,
             identity={"rank": self.rank, "node": config.node, "attempt": config.attempt, "pid": os.getpid()},
             heartbeat_interval_s=config.heartbeat_interval_s,
@@ -110,9 +111,9 @@ class Run:
         self._durable_step: int | None = None  # the newest step this worker knows is in the checkpoint store
         self._data_wait = 0.0
         if self.local_rank == 0:  # one sampler per node
-            self._resources = ResourceSampler(lambda figures: self.reporter.send("resources", figures=figures))
-        self.reporter.send("started", world_size=self.world_size, process_started_at=process_started_at(),
-                           imported_at=imported_at, rendezvous_at=rendezvous_at)
+            self._resources = ResourceSampler(lambda figures: self.reporter.send(wire.Resources(figures=figures)))
+        self.reporter.send(wire.Started(world_size=self.world_size, process_started_at=process_started_at(),
+                                        imported_at=imported_at, rendezvous_at=rendezvous_at))
 
     @property
     def is_main(self) -> bool:
@@ -143,10 +144,10 @@ class Run:
         self.step = restored.step
         if restored.tier == "durable":
             self._durable_step = restored.step
-        self.reporter.send(
-            "restored", step=restored.step, prefix=restored.prefix, tier=restored.tier, bytes=restored.bytes,
+        self.reporter.send(wire.Restored(
+            step=restored.step, prefix=restored.prefix, tier=restored.tier, bytes=restored.bytes,
             seconds=restored.seconds, fallbacks=list(restored.fallbacks),
-        )
+        ))
         if self.is_main:
             self._metrics.update(
                 checkpoint_restore_s=restored.seconds,
@@ -168,10 +169,13 @@ class Run:
             warnings = layout_warnings(model, self.parallel)
             for warning in warnings:
                 print(f"trainflow: warning: {warning}", file=sys.stderr, flush=True)
-            self.reporter.send(
-                "layout", strategy=self.parallel.strategy, **self.parallel.degrees(),
+            degrees = self.parallel.degrees()
+            self.reporter.send(wire.Layout(
+                strategy=self.parallel.strategy, world_size=degrees.pop("world_size"),
+                dp_degree=degrees.pop("dp_degree"), tp_degree=degrees.pop("tp_degree"),
+                pp_degree=degrees.pop("pp_degree"), mesh=degrees,
                 replicated=list(replicated) if replicated is not None else None, warnings=warnings,
-            )
+            ))
 
     def steps(self, start: int = 0, samples_per_step: int | None = None) -> Iterator[int]:
         """Yield the steps after `start` up to the job's total; reports progress, checkpoints, and
@@ -225,8 +229,8 @@ class Run:
         stop, hashes = self._control.agree(step, elapsed, model, verify)
         if hashes is not None and self._control.diverged(hashes):
             if self.is_main:
-                self.reporter.send("diverged", step=step, hashes=[f"{h:015x}" for h in hashes],
-                                   groups=self._control.diverged(hashes))
+                self.reporter.send(wire.Diverged(step=step, hashes=[f"{h:015x}" for h in hashes],
+                                                 groups=self._control.diverged(hashes)))
             self._leave(exit_codes.DIVERGED, f"replicas diverged at step {step}")
         if stop:
             # the emergency checkpoint, every rank at this same step; returns once it is durable
@@ -234,7 +238,7 @@ class Run:
             self.checkpoint()
             self._saved_step = step
             requested = self._control.preempt_requested_at
-            self.reporter.send("preempted", step=step, signalled=requested is not None, requested_at=requested)
+            self.reporter.send(wire.Preempted(step=step, signalled=requested is not None, requested_at=requested))
             self._leave(exit_codes.PREEMPTED, f"preempted: checkpoint at step {step} committed")
 
     def _leave(self, code: int, message: str) -> None:
@@ -287,10 +291,9 @@ class Run:
             # every rank reports for itself: the orchestrator counts the attempt finished only
             # once the whole world has, each from its own connection
             digest = full_params_sha256(self._state.model)  # collective: sharded parameters are gathered
-            report: dict[str, Any] = {"step": self.step, "loss": self._last_loss}  # final_loss: their mean
-            if self.is_main:
-                report.update(params_sha256=digest)
-            self.reporter.send("finished", **report)
+            # final_loss: the mean of the ranks' last losses; rank 0's hash is the run's
+            self.reporter.send(wire.Finished(step=self.step, loss=self._last_loss,
+                                             params_sha256=digest if self.is_main else None))
         leave_process_groups()  # barriers first: every rank's report is in before any connection closes
         self.reporter.close()
 

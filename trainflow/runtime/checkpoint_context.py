@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from trainflow.checkpoint.local_tier import LocalTier
 from trainflow.checkpoint.storage import Storage
+from trainflow.contracts.status_protocol import Storage as StorageCall
 from trainflow.worker_config import WorkerConfig
 
 
@@ -37,14 +38,14 @@ class CheckpointContext:
     rank: int
     world_size: int
     leader: bool  # the node's first rank reads and writes the node's tier
-    send: Callable[..., None]  # events to the orchestrator
+    send: Callable[[Any], None]  # events to the orchestrator (status_protocol messages)
     tier: LocalTier
     group: Any  # background saves run collectives; a group of their own keeps them apart from training's
 
     @classmethod
     def create(
         cls, config: WorkerConfig, storage: Storage, rank: int, world_size: int, local_rank: int,
-        send: Callable[..., None] | None,
+        send: Callable[[Any], None] | None,
     ) -> CheckpointContext:
         group = dist.new_group(backend="gloo", timeout=timedelta(seconds=config.collective_timeout_s))
         tier = LocalTier(Path(config.node_scratch) / "checkpoints")
@@ -69,8 +70,8 @@ class CheckpointContext:
         """Tell the orchestrator training is blocked on the checkpoint store, and when it is not any
         more: a stall in a storage call is a storage outage, not a hang of the training."""
         since = time.time()
-        self.send("storage", state="waiting", since=since, call=call)
+        self.send(StorageCall(state="waiting", since=since, call=call))
         try:
             yield
         finally:
-            self.send("storage", state="done", since=since, call=call)
+            self.send(StorageCall(state="done", since=since, call=call))

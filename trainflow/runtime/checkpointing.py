@@ -10,7 +10,7 @@ The Checkpointer is what the runtime holds; its parts, one idea each:
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -33,7 +33,7 @@ class Checkpointer:
         rank: int,
         world_size: int,
         local_rank: int = 0,
-        send: Callable[..., None] | None = None,
+        send: Callable[[Any], None] | None = None,
         niceness: int = BACKGROUND_NICENESS,
     ):
         self.ctx = CheckpointContext.create(config, storage, rank, world_size, local_rank, send)

@@ -9,6 +9,7 @@ from typing import Callable
 
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
+from trainflow.contracts.status_protocol import Error
 from trainflow.runtime.reporter import StatusReporter
 
 
@@ -19,13 +20,12 @@ def report_uncaught_errors(reporter: StatusReporter, flush: Callable[[], None], 
     def report(kind, value, tb):
         ErrorHandler().record_exception(value)  # TORCHELASTIC_ERROR_FILE: torchrun's failure report
         flush()
-        reporter.send(
-            "error",
+        reporter.send(Error(
             type=kind.__name__,
             message=str(value)[:2000],
             traceback="".join(traceback.format_exception(kind, value, tb))[-8000:],
             step=step(),
-        )
+        ))
         reporter.close(timeout=2.0)
         previous(kind, value, tb)
 

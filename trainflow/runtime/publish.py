@@ -16,6 +16,7 @@ from trainflow.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest
 from trainflow.checkpoint.policy import SnapshotPolicy
 from trainflow.checkpoint.storage import StorageError
 from trainflow.checkpoint.transfer_agent import TransferAgent
+from trainflow.contracts.status_protocol import Checkpoint
 from trainflow.runtime.checkpoint_context import CheckpointContext, warn
 
 
@@ -110,11 +111,11 @@ class Publisher:
             except StorageError as exc:
                 reason = f"commit failed: {exc}"
             else:
-                self.ctx.send(
-                    "checkpoint", step=manifest.step, prefix=prefix, status="committed", bytes=manifest.total_bytes,
+                self.ctx.send(Checkpoint(
+                    step=manifest.step, prefix=prefix, status="committed", bytes=manifest.total_bytes,
                     files=len(manifest.files), world_size=manifest.world_size,
                     commit_s=time.perf_counter() - began, stall_s=self.take_stall(waited_since=waited_since), **timings,
-                )
+                ))
                 return True, ""
         stall_s = self.take_stall(waited_since=waited_since)
         self.report_failed(manifest.step, prefix, reason, manifest.total_bytes, stall_s)
@@ -132,8 +133,8 @@ class Publisher:
 
     def report_failed(self, step: int, prefix: str, reason: str, size: int, stall_s: float) -> None:
         warn(f"checkpoint at step {step} not committed: {reason}")
-        self.ctx.send("checkpoint", step=step, prefix=prefix, status="failed", reason=reason[:2000], bytes=size,
-                  stall_s=stall_s)
+        self.ctx.send(Checkpoint(step=step, prefix=prefix, status="failed", reason=reason[:2000], bytes=size,
+                                 stall_s=stall_s))
 
     def _abort_unfinished(self) -> None:
         """Abort what this rank's earlier failed uploads left in the store, now that it answers."""

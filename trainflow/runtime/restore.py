@@ -18,6 +18,7 @@ from trainflow.checkpoint.exchange import broadcast_file
 from trainflow.checkpoint.local_tier import Held
 from trainflow.checkpoint.manifest import MANIFEST_NAME, Manifest, ManifestError, verify_files
 from trainflow.checkpoint.storage import StorageError
+from trainflow.contracts.status_protocol import Checkpoint
 from trainflow.runtime.checkpoint_context import CheckpointContext, warn
 from trainflow.runtime.state_io import Rejected, Stateful, load
 
@@ -70,8 +71,8 @@ class Restorer:
                 warn(f"not restoring the {candidate.tier} checkpoint of step {candidate.step} "
                      f"({candidate.prefix}): {reason}")
                 if self.ctx.rank == 0 and candidate.tier == "durable":
-                    self.ctx.send("checkpoint", step=candidate.step, prefix=candidate.prefix, status="rejected",
-                                  reason=reason[:2000], bytes=0, stall_s=0.0)
+                    self.ctx.send(Checkpoint(step=candidate.step, prefix=candidate.prefix, status="rejected",
+                                             reason=reason[:2000], bytes=0, stall_s=0.0))
                 continue
             return replace(restored, seconds=time.perf_counter() - began, fallbacks=tuple(fallbacks))
         if prefix:

@@ -12,7 +12,7 @@ import ast
 import importlib.util
 from pathlib import Path
 
-AGENT_MODULES = ("torch", "torch.distributed", "torch.distributed.run", "trainflow.backends.agent",
+AGENT_MODULES = ("torch", "torch.distributed", "torch.distributed.run", "trainflow.backends.agent", "trainflow.relay.relay",
                  "trainflow.backends.quick_rendezvous", "trainflow.backends.warm.torchrun_hook",
                  "torch.distributed.elastic.agent.server.local_elastic_agent",
                  "torch.distributed.elastic.rendezvous.dynamic_rendezvous",
