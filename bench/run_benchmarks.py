@@ -27,6 +27,7 @@ from pathlib import Path
 import ddp_layout  # bench/, beside this script
 import fsdp_tp_tax
 import reference_goodput
+import scale_bench
 import soak_bench
 from bench_common import BIN, ROOT, last_json, steps_per_s
 from benchmarks_md import FIRST_PARTS, PARTS, ROUNDS, STEPS, render
@@ -196,6 +197,7 @@ def main(parts: list[str]) -> None:
                 "soak": lambda: soak_bench.soak(env),
                 "fsdp_tp": lambda: fsdp_tp_tax.fsdp_tp(home, env),
                 "ddp_layout": ddp_layout.ddp_layout,
+                "scale": lambda: scale_bench.scale(env),
             }
             for part in parts:
                 earlier = results.get(part)
@@ -221,6 +223,7 @@ def main(parts: list[str]) -> None:
             stop_server(s3)
     headline = {"orchestration": lambda r: r["throughput_ratio"], "fsdp_tp": lambda r: r.get("throughput_ratio"),
                 "ddp_layout": lambda r: r["trainflow_ratio"],
+                "scale": lambda r: {f"{x['ranks']}@{x['steps_per_s']:g}": x.get("false_verdicts") for x in r["runs"]},
                 "drills": lambda r: sum(1 for d in r.values() if d.get("passed")),
                 "reference_goodput": lambda r: r.get("goodput"),
                 "soak": lambda r: {name: r[name].get("passed") for name in ("main", "storage")}}

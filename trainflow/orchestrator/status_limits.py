@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
