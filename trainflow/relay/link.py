@@ -19,6 +19,7 @@ from trainflow.contracts.status_protocol import Answer, Malformed, Refused, deco
 
 BACKOFF_FIRST_S = 0.1
 BACKOFF_MAX_S = 5.0
+SEND_TIMEOUT_S = 10.0  # a receiver that reads nothing this long (frozen) breaks the stream, not its sender
 MAX_ANSWER_BYTES = 1 << 16
 
 
@@ -89,6 +90,7 @@ class StreamLink:
                 self._broken(sock)
                 return
             if not chunk:
+                self._closing.set()
                 self._broken(sock)
                 return
             self._heard(chunk)
@@ -123,7 +125,7 @@ class StreamLink:
             sock.connect(self._address)
             if self._family == socket.AF_INET:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(None)
+            sock.settimeout(SEND_TIMEOUT_S)
             sock.sendall(encode(self._hello()))
         except OSError:
             sock.close()
@@ -152,6 +154,8 @@ class StreamLink:
         while True:
             try:
                 chunk = sock.recv(MAX_ANSWER_BYTES)
+            except TimeoutError:
+                continue  # nothing to hear for a while; whether that is too long is the owner's to judge
             except OSError:
                 chunk = b""
             if not chunk:
