@@ -224,6 +224,18 @@ def test_a_script_that_never_reports_is_a_hang_at_start_up_not_infra(channel):
     assert "nodes_seen" not in result.evidence  # this backend cannot say more
 
 
+def test_a_rank_that_never_reports_is_named_after_the_start_up_limit_not_lost(channel):
+    present = reporter(channel, 0)  # rank 1 never says a word
+    try:
+        present.send(Progress(steps=[StepEntry(step=1, step_time_s=0.01)]))
+        result = watcher(channel, StandInLauncher(2), heartbeat_timeout_s=30, hang_timeout_s=60,
+                         startup_timeout_s=1.0).run(poll_s=0.05)
+    finally:
+        present.close()
+    assert result.outcome == Outcome.HUNG and "ranks 1 never reported" in result.reason
+    assert result.evidence["never_reported"] == [1]
+
+
 def test_a_start_up_timeout_carries_what_the_backend_sees_of_each_node(channel):
     class Describing(StandInLauncher):
         def describe(self, handle):
