@@ -10,6 +10,7 @@ accepts bytes into its socket buffer for a long while, but answers nothing.
 from __future__ import annotations
 
 import random
+import select
 import socket
 import threading
 import time
@@ -81,9 +82,10 @@ class StreamLink:
         sock = self._sock
         if sock is None:
             return
-        while True:
+        # a socket with a timeout waits that long even for MSG_DONTWAIT: ask first whether anything came
+        while select.select([sock], [], [], 0)[0]:
             try:
-                chunk = sock.recv(MAX_ANSWER_BYTES, socket.MSG_DONTWAIT)
+                chunk = sock.recv(MAX_ANSWER_BYTES)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:

@@ -12,7 +12,9 @@ goes silent without exiting (its stream stays open), and the watcher must call i
 One JSON line: ranks, nodes, steps_per_s, setup_s (until every rank is known), dropped
 (connections the orchestrator dropped), gave_up (nodes that never connected), orchestrator_cpu_pct,
 threads, rss_mb (the orchestrator's), apply_p50_s / apply_p99_s (a step's end to its row of
-metrics at the orchestrator), silent_node_detect_s, heartbeat_timeout_s, false_verdicts (any
+metrics at the orchestrator; driver_lag_p99_s is the part of it this driver took to play 8 ranks of
+every node and send every node's report, which a real job's relays do each on their own node),
+silent_node_detect_s, heartbeat_timeout_s, false_verdicts (any
 other verdict), steps_incomplete (steps before the silence that never completed).
 """
 
@@ -121,6 +123,8 @@ def _drive(options: Options, channel: dict, side: subprocess.Popen, log) -> dict
     stepped_at = began
     step = 0
     silenced = None
+    stepped: list[tuple[int, float]] = []
+    lags: list[float] = []
     while True:
         now_m = time.monotonic()
         if step < steps and now_m >= next_step:
@@ -128,12 +132,16 @@ def _drive(options: Options, channel: dict, side: subprocess.Popen, log) -> dict
             next_step += period
             stepped_at = now_m
             now = time.time()
+            stepped.append((step, now))
+            # in lockstep every rank but rank 0 reports the same: one message shared (they are frozen)
+            first = Progress(steps=[StepEntry(step=step, t=now, step_time_s=period, compute_s=period * 0.9,
+                                              metrics={"loss": 1.0, "step_time_s": period})], t=now)
+            other = Progress(steps=[StepEntry(step=step, t=now, step_time_s=period, compute_s=period * 0.9,
+                                              loss=1.0)], t=now)
             for node in nodes:
+                apply = node.aggregator.apply
                 for rank in node.ranks:
-                    metrics = {"loss": 1.0, "step_time_s": period} if rank == 0 else None
-                    entry = StepEntry(step=step, t=now, step_time_s=period, compute_s=period * 0.9,
-                                      loss=None if rank == 0 else 1.0, metrics=metrics)
-                    node.aggregator.apply(rank, 10_000 + rank, Progress(steps=[entry], t=now), now)
+                    apply(rank, 10_000 + rank, first if rank == 0 else other, now)
         if now_m >= next_beat:  # ranks between steps heartbeat, as their reporters do when idle
             next_beat = now_m + HEARTBEAT_INTERVAL_S
             if now_m - stepped_at >= HEARTBEAT_INTERVAL_S:
@@ -146,6 +154,9 @@ def _drive(options: Options, channel: dict, side: subprocess.Popen, log) -> dict
             now = time.time()
             for node in nodes:
                 node.flush(now)
+            sent = time.time()
+            lags.extend(sent - t for _, t in stepped)  # a step's end to the last node's report of it
+            stepped.clear()
             if step == steps and silenced is None:
                 victim = nodes[len(nodes) // 2]
                 victim.silent = True  # its stream stays open: silent, not exited
@@ -174,6 +185,8 @@ def _drive(options: Options, channel: dict, side: subprocess.Popen, log) -> dict
         if time.monotonic() - beat_at >= HEARTBEAT_INTERVAL_S:
             beat_at = time.monotonic()
     result["gave_up"] = sum(1 for node in nodes if node.link.connects == 0)
+    lags.sort()
+    result["driver_lag_p99_s"] = round(_quantile(lags, 0.99), 3)  # part of apply_p99_s that is the driver's
     result["reconnects"] = sum(max(0, node.link.connects - 1) for node in nodes)
     for node in nodes:
         node.link.close()
