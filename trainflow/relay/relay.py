@@ -2,7 +2,8 @@
 one stream for the whole node to the orchestrator (status_protocol.py: NodeHello, NodeReport,
 RankEvent). It runs in the node's torchrun agent, so every backend has one per node.
 
-A rank's connection counts once its hello carries the run's token, this protocol's version and the
+Events (a checkpoint committed, an error) are sent at once, steps and heartbeats with the next
+report. A rank's connection counts once its hello carries the run's token, this protocol's version and the
 relay's own node and attempt; it is then bound to that rank and process. The relay reports every
 REPORT_EVERY_S what changed (aggregator.py), and every heartbeat interval the age of every rank's
 last line, so the node heartbeats even while it has no rank (a plain script's node). When the
@@ -25,7 +26,7 @@ import time
 from dataclasses import dataclass
 
 from trainflow.contracts.status_protocol import (
-    PROTOCOL_VERSION, Answer, Hello, Malformed, NodeHello, Refused, decode, encode,
+    PROTOCOL_VERSION, Answer, Heartbeat, Hello, Malformed, NodeHello, Progress, Refused, decode, encode,
 )
 from trainflow.relay.aggregator import NodeAggregator
 from trainflow.relay.lines import LineBuffer, LineTooLong
@@ -74,6 +75,7 @@ class NodeRelay:
         self._answer_due = False
         self._answered_ranks_at = 0.0
         self._stop = threading.Event()
+        self._urgent = threading.Event()  # an event arrived: sent at once, not with the next report
         self._serving = threading.Thread(target=self._serve, name="trainflow-relay-ranks", daemon=True)
         self._sending = threading.Thread(target=self._send_reports, name="trainflow-relay-uplink", daemon=True)
         self._serving.start()
@@ -85,6 +87,7 @@ class NodeRelay:
         while self._ranks and time.monotonic() < deadline:
             time.sleep(0.02)  # ranks that exited: their connections reach their end
         self._stop.set()
+        self._urgent.set()
         self._serving.join(max(0.0, deadline - time.monotonic()))
         self._sending.join(max(0.0, deadline - time.monotonic()))
         self._flush(final=True)
@@ -165,6 +168,8 @@ class NodeRelay:
             with self._lock:
                 for message in messages:
                     self._aggregator.apply(conn.rank, conn.pid, message, now)
+            if any(not isinstance(m, (Heartbeat, Progress)) for m in messages):
+                self._urgent.set()  # a checkpoint committed, an error: the orchestrator acts on it
 
     def _hello(self, conn: _Rank, line: bytes, now: float) -> bool:
         try:
@@ -210,8 +215,11 @@ class NodeRelay:
     # ---- the orchestrator's side -------------------------------------------------------------------
 
     def _send_reports(self) -> None:
-        while not self._stop.wait(REPORT_EVERY_S):
-            self._flush()
+        while not self._stop.is_set():
+            self._urgent.wait(REPORT_EVERY_S)
+            self._urgent.clear()
+            if not self._stop.is_set():
+                self._flush()
 
     def _flush(self, final: bool = False) -> None:
         reconnecting = not self._uplink.connected
