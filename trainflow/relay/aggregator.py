@@ -49,6 +49,7 @@ class NodeAggregator:
         self._events: list[RankEvent] = []
         self._closed: list[int] = []
         self._everyone_due_at = 0.0
+        self.step_complete = False  # every rank of the node reported a step since the last report
 
     def __len__(self) -> int:
         return len(self._ranks)
@@ -110,6 +111,7 @@ class NodeAggregator:
         sums = [StepSum(step=step, t=s.t, ranks=s.ranks, loss_sum=s.loss_sum(), loss_count=len(s.losses), metrics=s.metrics)
                 for step, s in sorted(self._sums.items())]
         events, self._events, self._sums = self._events, [], {}
+        self.step_complete = False
         closed, self._closed = self._closed, []
         if not (marks or sums or closed or everyone):
             return None, events
@@ -121,6 +123,8 @@ class NodeAggregator:
         if step is None:
             step = self._sums[entry.step] = _Sum(t)
         step.ranks += 1
+        if step.ranks >= len(self._ranks):
+            self.step_complete = True
         loss = entry.rank_loss
         if loss is not None:
             step.losses[rank] = loss

@@ -2,8 +2,8 @@
 one stream for the whole node to the orchestrator (status_protocol.py: NodeHello, NodeReport,
 RankEvent). It runs in the node's torchrun agent, so every backend has one per node.
 
-Events (a checkpoint committed, an error) are sent at once, steps and heartbeats with the next
-report. A rank's connection counts once its hello carries the run's token, this protocol's version and the
+Events (a checkpoint committed, an error) and a step once every rank of the node has reported it
+are sent at once, the rest with the next report. A rank's connection counts once its hello carries the run's token, this protocol's version and the
 relay's own node and attempt; it is then bound to that rank and process. The relay reports every
 REPORT_EVERY_S what changed (aggregator.py), and every heartbeat interval the age of every rank's
 last line, so the node heartbeats even while it has no rank (a plain script's node). When the
@@ -168,8 +168,8 @@ class NodeRelay:
             with self._lock:
                 for message in messages:
                     self._aggregator.apply(conn.rank, conn.pid, message, now)
-            if any(not isinstance(m, (Heartbeat, Progress)) for m in messages):
-                self._urgent.set()  # a checkpoint committed, an error: the orchestrator acts on it
+            if self._aggregator.step_complete or any(not isinstance(m, (Heartbeat, Progress)) for m in messages):
+                self._urgent.set()  # a step every rank of the node took, a checkpoint, an error: now
 
     def _hello(self, conn: _Rank, line: bytes, now: float) -> bool:
         try:
