@@ -40,7 +40,7 @@ class LocalConfig(BackendConfig):
         default=False,
         title="Oversubscribe",
         description="Local backend: host more ranks per core than the capacity check allows (small models "
-        "and tests, e.g. 32 or 64 ranks on a laptop); memory still bounds the job.",
+        "and tests, e.g. 32 or 64 ranks on a laptop); each rank still takes its own memory.",
     )
 
     def for_node_loss(self) -> LocalConfig:
