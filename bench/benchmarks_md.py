@@ -6,13 +6,14 @@ import ddp_layout  # bench/, beside this module
 import fsdp_tp_tax
 import reference_goodput
 import scale_bench
+import scale_jobs
 import soak_bench
 from trainflow.contracts.recovery import PHASES as RECOVERY_PHASES
 
 STEPS = 2000  # the orchestration tax's run length
 ROUNDS = 5  # and its interleaved rounds
 FIRST_PARTS = ("orchestration", "drills", "checkpoint")
-PARTS = (*FIRST_PARTS, "reference_goodput", "soak", "fsdp_tp", "ddp_layout", "scale")
+PARTS = (*FIRST_PARTS, "reference_goodput", "soak", "fsdp_tp", "ddp_layout", "scale", "scale_jobs")
 
 
 def markdown(results: dict) -> str:
@@ -126,6 +127,8 @@ def render(results: dict) -> str:
         extra += ddp_layout.markdown(results["ddp_layout"])
     if "scale" in results:
         extra += scale_bench.markdown(results["scale"])
+    if "scale_jobs" in results:
+        extra += scale_jobs.markdown(results["scale_jobs"])
     commands = ["Commands: `make bench` (everything), `python bench/run_benchmarks.py --only soak,fsdp_tp` (some "
                 f"parts of {', '.join(PARTS)}; the others' figures are kept), `trainflow drill SPEC --fault KIND "
                 "--json`, `trainflow soak SPEC --faults N --load --json`, `trainflow bench checkpoint --json`, "

@@ -8,6 +8,7 @@ machine. Writes bench/results.json and BENCHMARKS.md; every figure in them comes
 - goodput on the reference drill: ~3 minutes of ~50-100 ms steps with three faults (bench/reference_goodput.py)
 - soak: >= 30 faults of every kind with the CPU loaded (bench/soak_bench.py)
 - the FSDP2 + TP example's orchestration tax (bench/fsdp_tp_tax.py)
+- real jobs of 32 and 64 ranks: start-up, throughput, a crash's recovery, exact resume, memory (bench/scale_jobs.py)
 
     python bench/run_benchmarks.py                      # every part
     python bench/run_benchmarks.py --only soak,fsdp_tp  # these parts; the others' figures are kept
@@ -28,6 +29,7 @@ import ddp_layout  # bench/, beside this script
 import fsdp_tp_tax
 import reference_goodput
 import scale_bench
+import scale_jobs
 import soak_bench
 from bench_common import BIN, ROOT, last_json, steps_per_s
 from benchmarks_md import FIRST_PARTS, PARTS, ROUNDS, STEPS, render
@@ -198,6 +200,7 @@ def main(parts: list[str]) -> None:
                 "fsdp_tp": lambda: fsdp_tp_tax.fsdp_tp(home, env),
                 "ddp_layout": ddp_layout.ddp_layout,
                 "scale": lambda: scale_bench.scale(env),
+                "scale_jobs": lambda: scale_jobs.scale_jobs(env),
             }
             for part in parts:
                 earlier = results.get(part)

@@ -40,9 +40,9 @@ from tasks.teardown import teardown
 from tasks.tracking import start_tracking
 from tasks.validate import validate_spec
 from tasks.watch import watch_attempt
-from trainflow.orchestrator import live
 from trainflow.drills.chaos import FaultPlan
 from trainflow.orchestrator.interrupts import signal_name, teardown_not_interrupted
+from trainflow.orchestrator.live import LiveRun
 from trainflow.contracts import RunSummary
 from trainflow.run_id import checked_run_id, new_run_id
 from trainflow.spec import RunSpec, load_spec
@@ -66,13 +66,18 @@ def faulted_lifecycle(spec: RunSpec, chaos: list[FaultPlan]):
 def lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None = None, run_id: str | None = None):
     spec = validate_spec(spec)
     run_id = checked_run_id(run_id) if run_id else new_run_id(spec)
+    with LiveRun(run_id) as live:  # the run's processes, channel and clients: closed when the flow leaves
+        return run_lifecycle(spec, resume, chaos, run_id, live)
+
+
+def run_lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None, run_id: str, live: LiveRun):
     record = provisioned = launched = summary = quota = None
     stopped_by = None
     try:
         record = start_tracking(opaque(spec), resume, run_id)
         start_report(record)
         quota = wait_for_quota(record)  # held from here until after teardown
-        provisioned = provision(record)
+        provisioned = provision(record, live)
         ready = prepare_image(provisioned)
         restore_from = find_resume_point(provisioned) if resume else None
         attempt_spec, results, snapshots, injections = None, [], [], []  # None: the run's own spec
@@ -82,8 +87,11 @@ def lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None = None,
             launched = launch_attempt(ready, attempt, opaque(attempt_spec), opaque(restore_from), gate)
             injecting = [inject_fault.submit(launched, opaque(plan)) for plan in faults]
             # watch in the background; meanwhile snapshot each commit it passes on, until it ends
-            watching = watch_attempt.submit(launched)
-            for commit in live.commits(run_id, attempt):
+            # (the feed ends with the task, whether it returned or raised)
+            commits = live.commit_feed(attempt)
+            watching = watch_attempt.submit(launched, commits)
+            commits.end_when_done(watching)
+            for commit in commits:
                 snapshots.append(snapshot_checkpoint(launched, opaque(commit)))
                 report_checkpoint(record, snapshots[-1])
             result = release_attempt(launched, opaque(watching.result()))

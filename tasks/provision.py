@@ -6,19 +6,20 @@ from prefect import get_run_logger
 
 from tasks import lifecycle_task
 from tasks.records import Provisioned, RunRecord
-from trainflow.orchestrator import live
 from trainflow.backends import launcher_for
 from trainflow.backends.abilities import BindsStatusElsewhere
 from trainflow.checkpoint.storage import open_storage
 from trainflow.home import resolve_checkpoint_uri, runs_root
+from trainflow.orchestrator.live import LiveRun
 from trainflow.orchestrator.orphans import reap_stale_runs, write_marker
 from trainflow.orchestrator.status import StatusServer
 from trainflow.reporting.tracking import Tracker
 
 
 @lifecycle_task(name="provision")
-def provision(record: RunRecord) -> Provisioned:
-    """Reserve the job's resources with its backend; nothing runs yet."""
+def provision(record: RunRecord, live: LiveRun) -> Provisioned:
+    """Reserve the job's resources with its backend and open the run's live parts in `live`; nothing
+    runs yet."""
     logger = get_run_logger()
     spec = record.spec
     for reaped in reap_stale_runs():
@@ -32,9 +33,9 @@ def provision(record: RunRecord) -> Provisioned:
     bind_host = launcher.status_bind_host if isinstance(launcher, BindsStatusElsewhere) else allocation.status_host
     channel = StatusServer(host=bind_host, advertise_host=allocation.status_host)
     storage = open_storage(resolve_checkpoint_uri(spec.checkpoint.uri))
-    live.open_run(record.run_id, live.LiveParts(launcher, channel, Tracker(record.tracking_uri), storage))
+    live.open(launcher, channel, Tracker(record.tracking_uri), storage)
     logger.info(
         "provisioned %d %s node(s) x %d process(es); status channel on %s",
         allocation.nodes, launcher.name, spec.resources.procs_per_node, channel.address,
     )
-    return Provisioned(record=record, allocation=allocation)
+    return Provisioned(record=record, allocation=allocation, live=live)

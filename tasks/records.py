@@ -1,16 +1,17 @@
 """The records the lifecycle's tasks hand each other: each stage's result is what the next stage
 uses, so the flow's task graph in Prefect is the lifecycle itself. Live parts (processes, sockets,
-clients) are not in them: they are found by run id in trainflow.orchestrator.live."""
+clients) are not in them: a provisioned run carries its flow's LiveRun (trainflow.orchestrator.live),
+which holds them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainflow.orchestrator import live
 from trainflow.backends import Allocation, AttemptHandle, Launcher
 from trainflow.checkpoint.storage import Storage
 from trainflow.repro.environment import Environment
 from trainflow.spec import RunSpec
+from trainflow.orchestrator.live import LiveRun
 from trainflow.orchestrator.status import StatusServer
 from trainflow.reporting.tracking import Tracker
 
@@ -41,29 +42,29 @@ class RunRecord(HandOff):
 
 
 class Provisioned(HandOff):
-    """What provision reserved for the run; teardown releases all of it."""
+    """What provision reserved for the run, and the run's live parts; teardown releases all of it."""
 
-    __slots__ = ("record", "allocation")
+    __slots__ = ("record", "allocation", "live")
 
-    def __init__(self, record: RunRecord, allocation: Allocation):
-        self.record, self.allocation = record, allocation
+    def __init__(self, record: RunRecord, allocation: Allocation, live: LiveRun):
+        self.record, self.allocation, self.live = record, allocation, live
 
     @property
     def launcher(self) -> Launcher:
-        return live.parts_of(self.record.run_id).launcher
+        return self.live.launcher
 
     @property
     def channel(self) -> StatusServer:
-        return live.parts_of(self.record.run_id).channel
+        return self.live.channel
 
     @property
     def tracker(self) -> Tracker:
-        return live.parts_of(self.record.run_id).tracker
+        return self.live.tracker
 
     @property
     def storage(self) -> Storage:
         """The run's checkpoint store."""
-        return live.parts_of(self.record.run_id).storage
+        return self.live.storage
 
 
 class Ready(HandOff):

@@ -12,7 +12,6 @@ from prefect import get_run_logger
 
 from tasks import lifecycle_task
 from tasks.records import Launched, Provisioned, RunRecord
-from trainflow.orchestrator import live
 from trainflow.checkpoint.catalog import latest_verified
 from trainflow.checkpoint.keep_local import keep_newer_local_checkpoints
 from trainflow.checkpoint.storage import StorageError
@@ -50,7 +49,7 @@ def teardown(
                 stopped = provisioned.launcher.stop(last_attempt.handle, grace_s=grace_s)
                 logger.info("attempt %d stopped (%d process(es); SIGTERM, then SIGKILL after %g s)",
                             last_attempt.attempt, stopped, grace_s)
-            provisioned.channel.close()
+            provisioned.live.close()  # the status channel, and any commit feed still open
             kept = keep_undurable_state(run_id, provisioned, logger)
             report = provisioned.launcher.release(provisioned.allocation).as_dict()
             report["kept_paths"] = kept
@@ -59,9 +58,6 @@ def teardown(
             report = clear_unprovisioned(run_id)  # stopped inside provision: what it had reserved so far
     finally:
         close_tracking(spec, run_id, record, provisioned, report, finalized, stopped_by, logger)
-        parts = live.close_run(run_id)
-        if parts is not None and provisioned is None:  # stopped between opening the channel and returning
-            parts.channel.close()
     if report["clean"]:
         logger.info(
             "teardown: %d process(es) stopped, %d standby interpreter(s) released, ports %s released, "

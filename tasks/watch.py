@@ -9,24 +9,26 @@ from tasks.attempts import STOP_GRACE_S
 from tasks.records import Launched
 from tasks.reporting import report_progress
 from trainflow.contracts.status_protocol import Checkpoint, Error, Layout, Preempted, Restored
-from trainflow.orchestrator import live, progress
+from trainflow.orchestrator import progress
 from trainflow.orchestrator.failures import AttemptResult
+from trainflow.orchestrator.live import CommitFeed
 from trainflow.orchestrator.status import RankReport
 from trainflow.orchestrator.stragglers import Straggler
 from trainflow.orchestrator.watcher import AttemptWatcher, WatchLimits
 
 
 @lifecycle_task(name="watch-attempt", task_run_name="watch-attempt-{launched.handle.attempt}")
-def watch_attempt(launched: Launched) -> AttemptResult:
-    """Watch exits, heartbeats and progress until the attempt ends; each commit goes to the attempt's
-    commit feed (trainflow.orchestrator.live), which the flow snapshots from until watching is over."""
+def watch_attempt(launched: Launched, commits: CommitFeed) -> AttemptResult:
+    """Watch exits, heartbeats and progress until the attempt ends; each commit goes to `commits`,
+    which the flow snapshots from until this task is over (the flow ends the feed then, however the
+    task ended)."""
     logger = get_run_logger()
     spec, record, provisioned, handle = launched.spec, launched.record, launched.provisioned, launched.handle
 
     def on_event(event: RankReport | Straggler) -> None:
         match event:
             case RankReport(message=Checkpoint()):
-                live.publish_commit(record.run_id, handle.attempt, event.as_dict())
+                commits.publish(event.as_dict())
             case RankReport(rank=rank, message=Error() as error):
                 logger.error("rank %s: %s: %s", rank, error.type, error.message)
             case RankReport(rank=rank, message=Restored() as restored):
@@ -76,14 +78,11 @@ def watch_attempt(launched: Launched) -> AttemptResult:
         final_step=spec.workload.steps,
         plain=spec.workload.mode.value == "plain",
     )
-    try:
-        result = watcher.run()
-        if result.evidence.get("storage_calls"):
-            # a storage outage: the flow may be waiting on the same store to snapshot a commit, and
-            # until it releases the attempt the workers would train on past the verdict once it answers
-            provisioned.launcher.stop(handle, grace_s=STOP_GRACE_S)
-    finally:
-        live.end_commits(record.run_id, handle.attempt)
+    result = watcher.run()
+    if result.evidence.get("storage_calls"):
+        # a storage outage: the flow may be waiting on the same store to snapshot a commit, and
+        # until it releases the attempt the workers would train on past the verdict once it answers
+        provisioned.launcher.stop(handle, grace_s=STOP_GRACE_S)
     log = logger.info if result.outcome.value == "SUCCEEDED" else logger.warning
     at_step = "" if watcher.plain else f" at step {result.last_step}"  # a plain script reports no steps
     log("attempt %d ended %s%s: %s", result.attempt, result.outcome.value, at_step, result.reason)

@@ -119,6 +119,22 @@ def test_storage_outage_is_survived(drill_env):
     assert report["resources_released"] is True, report["leftovers"]
 
 
+@pytest.mark.timeout(900)
+def test_a_32_rank_job_on_two_cores_resumes_exactly_after_a_crash(drill_env):
+    # 4 nodes x 8 ranks of a tiny model: 4x the ranks per core the capacity check allows unasked
+    job = ["--set", "resources.nodes=4", "--set", "resources.procs_per_node=8",
+           "--set", "resources.oversubscribe=true", "--set", 'workload.args=["--hidden","8"]',
+           "--set", "workload.steps=8", "--set", "checkpoint.every_steps=3"]
+    result = run_cli(["drill", SPEC, "--fault", "crash", "--at-step", "5", "--no-compare-torchrun", *job, "--json"],
+                     drill_env, timeout_s=600)
+    report = summary_of(result)
+    assert report["outcomes"] == ["CRASHED", "SUCCEEDED"], json.dumps(report, default=str)[:4000]
+    assert report["resumed_from_step"] >= 3 and report["final_step"] == 8
+    assert report["params_match_baseline"] is True
+    assert report["resources_released"] is True, report["leftovers"]
+    assert report["passed"] is True, report["broken_rules"]
+
+
 def test_drill_refuses_impossible_plans(drill_env):
     result = run_cli(["drill", SPEC, "--fault", "node-loss", "--node", "5", *JOB], drill_env, timeout_s=60)
     assert result.returncode == 2 and "--node 5" in result.stderr

@@ -9,12 +9,14 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import tasks.provision
+import tasks.watch
 from flows.lifecycle import training_lifecycle
 from tests.conftest import ROOT
 from tests.lifecycle.scripted_backend import Act, End, ScriptedLauncher
 from trainflow import backends
 from trainflow.spec import RunSpec
 from trainflow.orchestrator.status import StatusServer
+from trainflow.orchestrator.watcher import AttemptWatcher
 
 STEPS = 12
 
@@ -128,3 +130,16 @@ def test_a_stop_request_tears_down_and_kills_the_mlflow_run(run_flow):
     (run,) = parent_run(client)
     assert run.info.status == "KILLED"
     assert run.data.tags["reason"] == "stopped by SIGTERM before it finished"
+
+
+def test_a_watch_that_breaks_fails_the_run_and_tears_down_instead_of_waiting(run_flow, monkeypatch):
+    class BrokenWatcher(AttemptWatcher):  # the watch task raises before it has passed on any commit
+        def run(self):
+            raise RuntimeError("the watcher broke")
+
+    monkeypatch.setattr(tasks.watch, "AttemptWatcher", BrokenWatcher)
+    outcome, launcher, client, _ = run_flow([Act(End.silent, steps=3, checkpoint_at=2), Act(End.finish)])
+    assert isinstance(outcome, RuntimeError) and "the watcher broke" in str(outcome)
+    assert launcher.released == launcher.provisioned and not launcher.provisioned[0].exists()
+    (run,) = parent_run(client)
+    assert run.info.status == "FAILED" and run.data.tags["reason"] == "the lifecycle stopped before finalize"

@@ -26,3 +26,13 @@ def test_more_than_two_cores_can_host_is_refused(resources, field):
 )
 def test_what_two_cores_can_host_is_accepted(resources):
     assert local_capacity_problem(resources, cores=2) is None
+
+
+@pytest.mark.parametrize("resources", [Resources(nodes=4, procs_per_node=8), Resources(nodes=8, procs_per_node=8)])
+def test_oversubscribe_lets_two_cores_host_many_small_ranks(resources):
+    assert "resources.oversubscribe: true" in local_capacity_problem(resources, cores=2)
+    assert local_capacity_problem(resources, cores=2, oversubscribe=True) is None
+
+
+def test_oversubscribe_still_refuses_more_cpu_than_the_machine_has():
+    assert "resources.cpu: 20 cores per node" in local_capacity_problem(Resources(cpu=20), cores=2, oversubscribe=True)

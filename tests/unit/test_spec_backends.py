@@ -49,6 +49,7 @@ def test_the_section_is_typed_as_the_chosen_backends_only():
     (LOCAL, ["slurm.partition=debug"], "slurm: only read with resources.backend: slurm, and this spec's backend is local"),
     (LOCAL, ["kubernetes.namespace=team-a"], "kubernetes: only read with resources.backend: kubernetes"),
     (LOCAL, [*SLURM, "resources.network=namespaces"], "resources.network: only read with resources.backend: local"),
+    (LOCAL, [*SLURM, "resources.oversubscribe=true"], "resources.oversubscribe: only read with resources.backend: local"),
     (K8S, ["slurm.exclusive=true"], "slurm: only read with resources.backend: slurm, and this spec's backend is kubernetes"),
 ])
 def test_another_backends_section_is_refused_naming_it(path, overrides, message):

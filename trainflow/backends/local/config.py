@@ -36,6 +36,13 @@ class LocalConfig(BackendConfig):
         "starts no new interpreter). false: every attempt starts new interpreters.",
     )
 
+    oversubscribe: bool = Field(
+        default=False,
+        title="Oversubscribe",
+        description="Local backend: host more ranks per core than the capacity check allows (small models "
+        "and tests, e.g. 32 or 64 ranks on a laptop); each rank still takes its own memory.",
+    )
+
     def for_node_loss(self) -> LocalConfig:
         return self.model_copy(update={"network": LocalNetwork.namespaces})
 

@@ -52,7 +52,7 @@ class LocalLauncher:
 
     def preflight(self, spec: RunSpec) -> None:
         """This machine must hold the job: the nodes are this machine's processes."""
-        problem = local_capacity_problem(spec.resources)
+        problem = local_capacity_problem(spec.resources, oversubscribe=local_config(spec).oversubscribe)
         if problem:
             raise SpecError(problem)
 
@@ -96,7 +96,8 @@ class LocalLauncher:
 
     @staticmethod
     def _check_capacity(spec) -> None:
-        problem = local_capacity_problem(spec.resources)  # preflight refuses these first; flows may skip it
+        # preflight refuses these first; flows may skip it
+        problem = local_capacity_problem(spec.resources, oversubscribe=local_config(spec).oversubscribe)
         if problem:
             raise ProvisionError(problem)
 
