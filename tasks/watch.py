@@ -73,6 +73,7 @@ def watch_attempt(launched: Launched) -> AttemptResult:
         mean_metrics=tuple(spec.tracking.mean_metrics),
         final_step=spec.workload.steps,
         plain=spec.workload.mode.value == "plain",
+        fault_tolerance=spec.fault_tolerance,
     )
     try:
         result = watcher.run()

@@ -49,6 +49,8 @@ CASES = {
     "a script that does not compile": (lambda tmp: _with(f"workload.entrypoint={tmp / 'broken.py'}",
                                                          "workload.mode=plain"),
                                        "broken.py:3: SyntaxError:"),
+    "a rule's regular expression": (lambda tmp: _with("fault_tolerance.rules=[{log_pattern: '(oops', outcome: INFRA}]"),
+                                    "fault_tolerance.rules.0.log_pattern: not a regular expression"),
     "a drill's checkpoint that cannot exist yet": (
         lambda tmp: ["drill", SPEC, "--fault", "corrupt-checkpoint", "--at-step", "30"],  # every_steps: 50
         "--at-step 30: corrupt-checkpoint needs a committed checkpoint before the fault"),

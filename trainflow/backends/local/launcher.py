@@ -33,7 +33,7 @@ from trainflow.backends.parent_death import ending_with_this_process
 from trainflow.backends.ports import free_port, is_listening
 from trainflow.backends.rank_records import RECORDS_ENV, read_exits, read_ranks, records_path
 from trainflow.backends.processes import describe, job_processes, signal_session, terminate, wait_until_gone
-from trainflow.backends.torchrun_report import failed_ranks, root_cause_exitcode, stderr_tail
+from trainflow.backends.torchrun_report import failed_ranks, log_tail, root_cause_exitcode, stderr_tail
 from trainflow.backends.worker import worker_config
 from trainflow.capacity import local_capacity_problem
 from trainflow.home import runs_root
@@ -147,8 +147,9 @@ class LocalLauncher:
             finished = len(ended) == handle.procs_per_node and not any(ended.values())
             worker_code = root_cause_exitcode(handle.logs[node]) if code not in (None, 0) else None
             ranks = self._failed_ranks(handle, node) if code not in (None, 0) else ()
+            tail = tuple(log_tail(handle.logs[node])) if code not in (None, 0) and not ranks else ()
             exits.append(NodeExit(node, code, workers_lost=lost, workers_finished=finished, worker_returncode=worker_code,
-                                  ranks=ranks))
+                                  ranks=ranks, log_tail=tail))
         return exits
 
     @staticmethod
