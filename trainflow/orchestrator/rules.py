@@ -76,14 +76,15 @@ def matches(rule: RetryRule, failure: RankFailure, lines: list[str]) -> str | No
 
 
 def match_rules(policy: FaultTolerance, exits: list[NodeExit], status: AttemptStatus) -> RuleMatch | None:
-    """The first rule, in order, that matches a failing rank (earliest failure first); ranks that
-    only saw a peer go away are not the evidence (failures.rank_failures)."""
+    """The first rule, in order, that matches the earliest failing rank it can (the cause comes
+    before what followed from it); ranks that only saw a peer go away are not the evidence
+    (failures.rank_failures)."""
     if not any(e.failing for e in exits):
         return None
-    causes = rank_failures(exits, status)
-    evidence = [(failure, evidence_lines(failure, exits)) for failure in causes]
-    for name, rule in ordered_rules(policy):
-        for failure, lines in evidence:
+    rules = ordered_rules(policy)
+    for failure in rank_failures(exits, status):
+        lines = evidence_lines(failure, exits)
+        for name, rule in rules:
             matched = matches(rule, failure, lines)
             if matched is not None:
                 return RuleMatch(name, rule, failure, matched)

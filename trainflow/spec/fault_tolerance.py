@@ -39,8 +39,9 @@ class FaultTolerance(Section):
         default_factory=list,
         title="Rules",
         description="Checked in order before the built-in classification and its defaults (out of memory: "
-        "stop; a port already in use or a rendezvous timeout: INFRA): the first rule whose exit code, signal "
-        "or log pattern matches a failing rank sets the outcome or the action (retry, stop, exclude_node).",
+        "stop; a port already in use or a failed rendezvous: INFRA): the first rule whose exit code, signal "
+        "or log pattern matches the earliest failing rank sets the outcome or the action (retry, stop, "
+        "exclude_node).",
     )
     backoff_s: Annotated[float, Field(ge=0, le=3600)] = Field(
         default=1.0, title="Backoff (s)", description="Wait before the second retry, doubling after; the first retry and preemptions never wait."

@@ -91,7 +91,7 @@ BUILT_IN_RULES: tuple[tuple[str, RetryRule], ...] = (
         action=RuleAction.stop)),
     ("port already in use", RetryRule(
         log_pattern=r"(?i)address already in use|EADDRINUSE|errno: 98\b", outcome=Outcome.INFRA)),
-    ("rendezvous timeout", RetryRule(
+    ("rendezvous failed", RetryRule(
         log_pattern=r"RendezvousTimeoutError|RendezvousConnectionError|[Rr]endezvous.{0,80}timed out"
         r"|client socket has timed out after \S+ while trying to connect",
         outcome=Outcome.INFRA)),
