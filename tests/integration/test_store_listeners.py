@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -68,8 +69,6 @@ def test_a_live_job_listens_on_loopback_only(cli_env, tmp_path, warm):
         seen["ss"] = ss_listeners()
         (gate / "release").touch()
 
-    import threading
-
     looker = threading.Thread(target=look_while_paused, daemon=True)
     looker.start()
     try:
@@ -90,15 +89,16 @@ def agent(tmp_path: Path, node: int, port: int, script: Path, listen_fd: int | N
     env = {**os.environ}
     if listen_fd is not None:
         env[LISTEN_FD_ENV] = str(listen_fd)
-    return subprocess.Popen(
-        [sys.executable, "-m", "trainflow.backends.agent", "--nnodes", "2", "--nproc-per-node", "1",
-         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "race",
-         "--rdzv-conf", f"is_host={'true' if node == 0 else 'false'},join_timeout=60", "--max-restarts", "0",
-         "--monitor-interval", "0.1", "--local-addr", "127.0.0.1", "--log-dir", str(tmp_path / f"torchrun-{node}"),
-         str(script)],
-        cwd=ROOT, env=env, stdout=open(tmp_path / f"node-{node}.log", "wb"), stderr=subprocess.STDOUT,
-        start_new_session=True, pass_fds=(listen_fd,) if listen_fd is not None else (),
-    )
+    with open(tmp_path / f"node-{node}.log", "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "trainflow.backends.agent", "--nnodes", "2", "--nproc-per-node", "1",
+             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "race",
+             "--rdzv-conf", f"is_host={'true' if node == 0 else 'false'},join_timeout=60", "--max-restarts", "0",
+             "--monitor-interval", "0.1", "--local-addr", "127.0.0.1", "--log-dir", str(tmp_path / f"torchrun-{node}"),
+             str(script)],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, pass_fds=(listen_fd,) if listen_fd is not None else (),
+        )
 
 
 def thief(port: int) -> socket.socket | None:
