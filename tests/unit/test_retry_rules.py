@@ -64,6 +64,17 @@ def test_built_in_rules_stop_out_of_memory_and_retry_a_taken_port_as_infra():
     assert mine.name == "fault_tolerance.rules[0]"
 
 
+def test_only_the_cause_is_judged_never_what_followed_from_it():
+    # node 0's ranks fail on a bad argument; node 1's agent then loses the rendezvous node 0 hosted
+    cause = NodeExit(0, 1, ranks=(RankExit(rank=0, local_rank=0, exitcode=2, observed_at=10.0, root_cause=True,
+                                           stderr_tail=("train.py: error: argument --hidden: invalid int value",)),))
+    echo = NodeExit(1, 1, log_tail=("torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The "
+                                    "connection to the C10d store has failed.",))
+    assert match_rules(FaultTolerance(), [cause, echo], status()) is None
+    mine = rules({"log_pattern": "invalid int value", "action": "stop"})
+    assert match_rules(mine, [cause, echo], status()).failure.rank == 0
+
+
 def attempt(n: int, outcome: Outcome, rule: dict | None = None, last_step: int = 10) -> AttemptResult:
     return AttemptResult(attempt=n, outcome=outcome, reason="why", world_size=2, started_at=0.0, ended_at=1.0,
                          detected_at=1.0, failed_at=None, last_step=last_step, resumed_from_step=0,

@@ -76,18 +76,21 @@ def matches(rule: RetryRule, failure: RankFailure, lines: list[str]) -> str | No
 
 
 def match_rules(policy: FaultTolerance, exits: list[NodeExit], status: AttemptStatus) -> RuleMatch | None:
-    """The first rule, in order, that matches the earliest failing rank it can (the cause comes
-    before what followed from it); ranks that only saw a peer go away are not the evidence
-    (failures.rank_failures)."""
+    """The first rule, in order, that matches the failure the built-in classification takes for
+    the cause: the earliest failing rank (failures.rank_failures; ranks that only saw a peer go
+    away are left out). What followed from it is never judged: a node whose agent lost the
+    rendezvous because the cause's node had gone says nothing of the cause."""
     if not any(e.failing for e in exits):
         return None
-    rules = ordered_rules(policy)
-    for failure in rank_failures(exits, status):
-        lines = evidence_lines(failure, exits)
-        for name, rule in rules:
-            matched = matches(rule, failure, lines)
-            if matched is not None:
-                return RuleMatch(name, rule, failure, matched)
+    causes = rank_failures(exits, status)
+    if not causes:
+        return None
+    cause = causes[0]
+    lines = evidence_lines(cause, exits)
+    for name, rule in ordered_rules(policy):
+        matched = matches(rule, cause, lines)
+        if matched is not None:
+            return RuleMatch(name, rule, cause, matched)
     return None
 
 

@@ -40,7 +40,7 @@ class FaultTolerance(Section):
         title="Rules",
         description="Checked in order before the built-in classification and its defaults (out of memory: "
         "stop; a port already in use or a failed rendezvous: INFRA): the first rule whose exit code, signal "
-        "or log pattern matches the earliest failing rank sets the outcome or the action (retry, stop, "
+        "or log pattern matches the earliest failing rank (the cause) sets the outcome or the action (retry, stop, "
         "exclude_node).",
     )
     backoff_s: Annotated[float, Field(ge=0, le=3600)] = Field(
