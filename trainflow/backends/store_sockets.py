@@ -54,6 +54,7 @@ def bind_address(host: str) -> str | None:
     if host == "localhost":
         return addresses[0]
     routable = [a for a in addresses if not ipaddress.ip_address(a.split("%")[0]).is_loopback]
+    routable.sort(key=lambda a: ":" in a)  # IPv4 first, as the nodes' own lookups (ahostsv4) find it
     return routable[0] if routable else None
 
 
