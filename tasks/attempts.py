@@ -12,6 +12,7 @@ from tasks import lifecycle_task
 from tasks.records import Launched
 from trainflow.backends.abilities import ReplacesNodes
 from trainflow.orchestrator.failures import AttemptResult, Decision, Outcome, decide
+from trainflow.orchestrator.rules import decide_by_rule, excluded_node
 from trainflow.spec import RunSpec
 
 STOP_GRACE_S = 3.0
@@ -94,19 +95,20 @@ def _classify_run_name() -> str:
 def classify_outcome(launched: Launched, results: list[AttemptResult]) -> Decision:
     """Retry branch or finish, by the attempt's fault-tolerance policy: retryable outcome, budget
     left, and not a crash loop (`results`: every attempt's so far, this one last)."""
-    decision = decide(launched.spec.fault_tolerance, results)
+    policy = launched.spec.fault_tolerance
+    decision = decide_by_rule(policy, results) or decide(policy, results)  # a rule's action comes first
     get_run_logger().info("%s: %s", "retry" if decision.retry else "finish", decision.reason)
     return decision
 
 
 @lifecycle_task(name="recover-nodes", task_run_name="recover-nodes-{launched.handle.attempt}")
 def recover_nodes(launched: Launched, result: AttemptResult) -> RunSpec:
-    """The next attempt's spec: replace the node this attempt lost; if it cannot come back and
-    min_nodes allows, go on without it. Always a spec object of its own (a copy when nothing
-    changed): Prefect links by object identity, and the run's spec is validate-spec's."""
+    """The next attempt's spec: replace the node this attempt lost (or a rule's exclude_node named);
+    if it cannot come back and min_nodes allows, go on without it. Always a spec object of its own
+    (a copy when nothing changed): Prefect links by object identity, and the run's spec is validate-spec's."""
     spec, provisioned, handle = launched.spec, launched.provisioned, launched.handle
-    node = result.evidence.get("node")
-    if result.outcome.value != "NODE_LOST" or node is None:
+    node = result.evidence.get("node") if result.outcome.value == "NODE_LOST" else excluded_node(result)
+    if node is None:
         return spec.model_copy()
     logger = get_run_logger()
     slot = handle.slots[node] if handle.slots else node

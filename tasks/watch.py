@@ -77,6 +77,7 @@ def watch_attempt(launched: Launched, commits: CommitFeed) -> AttemptResult:
         mean_metrics=tuple(spec.tracking.mean_metrics),
         final_step=spec.workload.steps,
         plain=spec.workload.mode.value == "plain",
+        fault_tolerance=spec.fault_tolerance,
     )
     result = watcher.run()
     if result.evidence.get("storage_calls"):

@@ -8,8 +8,9 @@ from pathlib import Path
 from trainflow.backends import launcher_for
 from trainflow.backends.abilities import ChecksSpec
 from trainflow.checkpoint.storage import StorageError, open_storage
+from trainflow.entrypoint_check import compile_problem, imports_runtime
 from trainflow.home import resolve_checkpoint_uri
-from trainflow.spec import RunSpec, SpecError
+from trainflow.spec import RunSpec, SpecError, WorkloadMode
 
 
 def preflight(spec: RunSpec) -> None:
@@ -19,6 +20,12 @@ def preflight(spec: RunSpec) -> None:
         raise SpecError(f"workload.entrypoint: {entrypoint} not found (relative to {Path.cwd()})")
     if entrypoint.suffix != ".py":
         raise SpecError(f"workload.entrypoint: {entrypoint} is not a Python script")
+    script_problem = compile_problem(entrypoint)
+    if script_problem is not None:
+        raise SpecError(f"workload.entrypoint: {script_problem.line}")
+    if spec.workload.mode == WorkloadMode.runtime and imports_runtime(entrypoint) is False:
+        raise SpecError(f"workload.entrypoint: {entrypoint} never imports trainflow.runtime (nor does a module of "
+                        "its own); to run it as a plain torchrun script, set workload.mode: plain")
     unset = [name for name in spec.workload.secret_env if name not in os.environ]
     if unset:
         raise SpecError(f"workload.secret_env: {', '.join(unset)} not set in the orchestrator's environment")

@@ -1,4 +1,4 @@
-"""Bad input to `trainflow run`: exit 2, one line on stderr naming the field or file, and nothing
+"""Bad input to `trainflow run` (and `trainflow drill`): exit 2, one line on stderr naming the field or file, and nothing
 created: no TRAINFLOW_HOME (so no MLflow run, no run folder), no Prefect server, no process."""
 
 from __future__ import annotations
@@ -44,7 +44,20 @@ CASES = {
     "cpu: inf": (lambda tmp: _with("resources.cpu=inf"), "resources.cpu: must be a number"),
     "cpu: .inf": (lambda tmp: _with("resources.cpu=.inf"), "resources.cpu: must be a finite number"),
     "another backend's section": (lambda tmp: _with("slurm.partition=debug"), "slurm: only read with resources.backend: slurm"),
+    "a plain script in runtime mode": (lambda tmp: _with(f"workload.entrypoint={tmp / 'plain.py'}"),
+                                       "plain.py never imports trainflow.runtime"),
+    "a script that does not compile": (lambda tmp: _with(f"workload.entrypoint={tmp / 'broken.py'}",
+                                                         "workload.mode=plain"),
+                                       "broken.py:3: SyntaxError:"),
+    "a rule's regular expression": (lambda tmp: _with("fault_tolerance.rules=[{log_pattern: '(oops', outcome: INFRA}]"),
+                                    "fault_tolerance.rules.0.log_pattern: not a regular expression"),
+    "a drill's checkpoint that cannot exist yet": (
+        lambda tmp: ["drill", SPEC, "--fault", "corrupt-checkpoint", "--at-step", "30"],  # every_steps: 50
+        "--at-step 30: corrupt-checkpoint needs a committed checkpoint before the fault"),
 }
+
+PLAIN_SCRIPT = "import torch.distributed as dist\n\ndist.init_process_group('gloo')\ndist.destroy_process_group()\n"
+BROKEN_SCRIPT = "import trainflow.runtime as tf\n\nfor step in range(3)\n    print(step)\n"
 
 
 def _processes_of(home: str) -> list[psutil.Process]:
@@ -62,6 +75,8 @@ def _processes_of(home: str) -> list[psutil.Process]:
 def test_bad_input_exits_2_with_one_line_and_creates_nothing(tmp_path, case):
     (tmp_path / "a-folder").mkdir()
     (tmp_path / "model.bin").write_bytes(bytes(range(256)) * 16)
+    (tmp_path / "plain.py").write_text(PLAIN_SCRIPT)
+    (tmp_path / "broken.py").write_text(BROKEN_SCRIPT)
     home, prefect_home = tmp_path / "home", tmp_path / "prefect"
     env = {**os.environ, "TRAINFLOW_HOME": str(home), "PREFECT_HOME": str(prefect_home)}
     env.pop("PREFECT_API_URL", None)  # the embedded default: a temporary server would be started

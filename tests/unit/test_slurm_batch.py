@@ -78,7 +78,7 @@ def test_down_and_not_responding_nodes_are_not_usable():
 def test_without_slurm_s_commands_the_spec_is_refused_before_anything_is_provisioned(monkeypatch, tmp_path):
     from trainflow.preflight import preflight
 
-    (tmp_path / "train.py").write_text("")
+    (tmp_path / "train.py").write_text("import trainflow.runtime as tf\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))

@@ -24,10 +24,11 @@ def main() -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun
 
-    from trainflow.backends import rank_records, quick_rendezvous
+    from trainflow.backends import quick_rendezvous, rank_records, store_sockets
     from trainflow.relay.relay import start_for_node
 
     quick_rendezvous.install_from_environment()
+    store_sockets.install_from_environment()
     rank_records.install_from_environment()
 
     code = 0

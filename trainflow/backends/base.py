@@ -75,6 +75,7 @@ class NodeExit:
     workers_finished: bool = field(default=False, kw_only=True)
     worker_returncode: int | None = field(default=None, kw_only=True)  # the failed worker's own code
     ranks: tuple[RankExit, ...] = field(default=(), kw_only=True)  # per failed rank, where the backend knows
+    log_tail: tuple[str, ...] = field(default=(), kw_only=True)  # a failed node's own last log lines
 
     @property
     def running(self) -> bool:

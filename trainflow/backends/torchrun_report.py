@@ -82,3 +82,13 @@ def stderr_tail(log_dir: Path, local_rank: int, lines: int = STDERR_TAIL_LINES) 
     text = _read_tail(files[-1], STDERR_TAIL_BYTES)
     kept = [line.rstrip() for line in text.splitlines() if line.strip() and not _CPP_INFO.match(line)]
     return kept[-lines:]
+
+
+def log_tail(node_log: Path, lines: int = STDERR_TAIL_LINES) -> list[str]:
+    """The last lines of a node's log (its agent's own output), without torch's INFO chatter: the
+    evidence of a node that failed before any rank did (a rendezvous that never formed, a port taken)."""
+    if not node_log.exists():
+        return []
+    text = _read_tail(node_log, STDERR_TAIL_BYTES)
+    kept = [line.rstrip() for line in text.splitlines() if line.strip() and not _CPP_INFO.match(line)]
+    return kept[-lines:]

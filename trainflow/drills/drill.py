@@ -33,6 +33,12 @@ def check_plan(spec: RunSpec, plan: FaultPlan) -> None:
         raise SpecError(f"--node {plan.node}: the job has {spec.resources.nodes} node(s)")
     if plan.kind == FaultKind.storage_outage and not spec.checkpoint.is_s3:
         raise SpecError("--fault storage-outage: needs an s3:// checkpoint.uri")
+    first_checkpoint = spec.checkpoint.every_steps
+    if plan.kind == FaultKind.corrupt_checkpoint and plan.at_step <= first_checkpoint:
+        # the fault gate guarantees only the save before the fault step's own is committed
+        raise SpecError(f"--at-step {plan.at_step}: corrupt-checkpoint needs a committed checkpoint before the "
+                        f"fault, and the first is at step {first_checkpoint} (checkpoint.every_steps); "
+                        f"use --at-step above {first_checkpoint}")
     inability = backend_inability(plan.kind, launcher_for(spec))
     if inability:
         raise SpecError(f"--fault {plan.kind.value}: {inability}")

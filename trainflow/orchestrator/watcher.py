@@ -34,10 +34,12 @@ from trainflow.backends import AttemptHandle, Launcher
 from trainflow.backends.abilities import DescribesNodes, DumpsStacks, KnowsRankProcesses, ProbesNodes
 from trainflow.orchestrator.failures import AttemptResult, Outcome, classify_exit, rank_failures
 from trainflow.contracts.status_protocol import Checkpoint, Storage
+from trainflow.orchestrator.rules import RULE_EVIDENCE, match_rules, ruled_outcome
 from trainflow.orchestrator.status import AttemptStatus, AttemptSummary, RankReport, StatusServer
 from trainflow.orchestrator.attempt_metrics import AttemptMetrics
 from trainflow.orchestrator.step_metrics import MetricRows
 from trainflow.orchestrator.stragglers import StragglerWatch
+from trainflow.spec import FaultTolerance
 
 HANG_FLOOR_S = 30.0
 HANG_STEP_FACTOR = 20.0
@@ -80,8 +82,10 @@ class AttemptWatcher:
         mean_metrics: tuple[str, ...] = (),
         final_step: int | None = None,
         plain: bool = False,
+        fault_tolerance: FaultTolerance | None = None,
     ):
         self.plain = plain  # a plain torchrun script: no reports, only exits
+        self.fault_tolerance = fault_tolerance or FaultTolerance()  # its rules: the spec's, then built-in
         self.launcher = launcher
         self.handle = handle
         self.channel = channel
@@ -221,6 +225,12 @@ class AttemptWatcher:
         self._pump()
         status = self.channel.snapshot()
         outcome, reason = classify_exit(exits, status, self.world_size, plain=self.plain)
+        # the workers' own word on a preemption or a divergence stands; any other failure's evidence
+        # goes through the rules first
+        rule = (match_rules(self.fault_tolerance, exits, status)
+                if outcome not in (Outcome.SUCCEEDED, Outcome.PREEMPTED, Outcome.DIVERGED) else None)
+        if rule is not None:
+            outcome, reason = ruled_outcome(rule, outcome, reason)
         causes = rank_failures(exits, status) if outcome != Outcome.SUCCEEDED else []
         reported = [f.at for f in causes[:1] if f.error is not None]
         failed_at = reported[0] if reported else (status.errors[0]["t"] if status.errors else None)
@@ -234,6 +244,8 @@ class AttemptWatcher:
                  "error": (f.error or {}).get("type"), "stderr_tail": list(f.stderr_tail)}
                 for f in causes
             ]
+        if rule is not None:
+            evidence[RULE_EVIDENCE] = rule.record()
         if status.preempted:
             evidence["preempted"] = status.preempted
         if status.diverged:

@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from trainflow.contracts import RETRYABLE, Outcome
 from trainflow.section import Section
+from trainflow.spec.retry_rules import RetryRule
 
 DEFAULT_RETRY_ON = [o for o in RETRYABLE if o != Outcome.USER_ERROR]
 
@@ -33,6 +34,14 @@ class FaultTolerance(Section):
         default_factory=lambda: list(DEFAULT_RETRY_ON),
         title="Retry on",
         description="Outcomes that take the retry branch (USER_ERROR also needs max_user_errors > 0).",
+    )
+    rules: list[RetryRule] = Field(
+        default_factory=list,
+        title="Rules",
+        description="Checked in order before the built-in classification and its defaults (out of memory: "
+        "stop; a port already in use or a failed rendezvous: INFRA): the first rule whose exit code, signal "
+        "or log pattern matches the earliest failing rank (the cause) sets the outcome or the action (retry, stop, "
+        "exclude_node).",
     )
     backoff_s: Annotated[float, Field(ge=0, le=3600)] = Field(
         default=1.0, title="Backoff (s)", description="Wait before the second retry, doubling after; the first retry and preemptions never wait."

@@ -32,8 +32,9 @@ from trainflow.backends.netns import NetworkError, NodeNetwork, cut_node_link
 from trainflow.backends.parent_death import ending_with_this_process
 from trainflow.backends.ports import free_port, is_listening
 from trainflow.backends.rank_records import RECORDS_ENV, read_exits, read_ranks, records_path
+from trainflow.backends.store_sockets import LISTEN_FD_ENV, listening_socket
 from trainflow.backends.processes import describe, job_processes, signal_session, terminate, wait_until_gone
-from trainflow.backends.torchrun_report import failed_ranks, root_cause_exitcode, stderr_tail
+from trainflow.backends.torchrun_report import failed_ranks, log_tail, root_cause_exitcode, stderr_tail
 from trainflow.backends.worker import worker_config
 from trainflow.capacity import local_capacity_problem
 from trainflow.home import runs_root
@@ -108,6 +109,19 @@ class LocalLauncher:
         handle = AttemptHandle(attempt=plan.attempt, nodes=nodes, started_at=time.time(), logs={},
                                procs_per_node=spec.resources.procs_per_node)
         handle.slots = allocation.slots[:nodes]
+        # on the host's network the rendezvous port is bound (on loopback) before its number is handed
+        # out, and node 0's agent serves the store on this very socket: no other process can take it
+        listener = listening_socket(LOOPBACK) if allocation.network is None else None
+        # in network namespaces node 0's agent binds it in its own network: a port new to each attempt,
+        # so one taken there (an INFRA failure, retried) is not chosen again
+        allocation.ports["rendezvous"] = listener.getsockname()[1] if listener is not None else free_port(LOOPBACK)
+        with listener or nullcontext():
+            self._start_agents(spec, allocation, plan, handle, attempt_dir, listener)
+        allocation.sessions.extend(p.pid for p in handle.processes.values())
+        return handle
+
+    def _start_agents(self, spec, allocation: LocalAllocation, plan: AttemptPlan, handle: AttemptHandle,
+                      attempt_dir: Path, listener) -> None:
         for node, slot in enumerate(handle.slots):
             node_scratch = private_folder(allocation.scratch / f"node-{slot}")
             config = worker_config(spec, allocation.run_id, plan, node, node_scratch)
@@ -117,10 +131,13 @@ class LocalLauncher:
             env["TMPDIR"] = str(private_folder(job_temp_dir(allocation.run_id) / f"node-{slot}"))
             handle.rank_records[node] = records_path(attempt_dir, node)
             env[RECORDS_ENV] = str(handle.rank_records[node])
+            listen_fd = listener.fileno() if listener is not None and node == 0 else None
+            if listen_fd is not None:
+                env[LISTEN_FD_ENV] = str(listen_fd)
             pool = allocation.warm_pools.get(slot)
             with open(open_private(log_path, append=True), "ab") as log:
                 warm = pool.start_agent(torchrun_arguments(spec, allocation, plan, node, slot, attempt_dir), env,
-                                        log.fileno()) if pool else None
+                                        log.fileno(), listen_fd) if pool else None
                 handle.warm_nodes += warm is not None
                 handle.processes[node] = warm or subprocess.Popen(
                     ending_with_this_process(agent_command(spec, allocation, plan, node, slot, attempt_dir)),
@@ -129,10 +146,9 @@ class LocalLauncher:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    pass_fds=(listen_fd,) if listen_fd is not None else (),
                 )
             handle.logs[node] = log_path
-        allocation.sessions.extend(p.pid for p in handle.processes.values())
-        return handle
 
     def poll(self, handle: AttemptHandle) -> list[NodeExit]:
         """Agents' exit codes, a worker that died noticed before its agent has reacted (the agent
@@ -148,8 +164,9 @@ class LocalLauncher:
             finished = len(ended) == handle.procs_per_node and not any(ended.values())
             worker_code = root_cause_exitcode(handle.logs[node]) if code not in (None, 0) else None
             ranks = self._failed_ranks(handle, node) if code not in (None, 0) else ()
+            tail = tuple(log_tail(handle.logs[node])) if code not in (None, 0) and not ranks else ()
             exits.append(NodeExit(node, code, workers_lost=lost, workers_finished=finished, worker_returncode=worker_code,
-                                  ranks=ranks))
+                                  ranks=ranks, log_tail=tail))
         return exits
 
     @staticmethod

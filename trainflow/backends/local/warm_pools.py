@@ -48,8 +48,10 @@ class WarmPool:
     source: WarmPool | None = None  # a clone's, until it is made: the zygote it is forked from
     unusable: str | None = None  # why this slot's attempts start cold
 
-    def start_agent(self, argv: list[str], env: dict[str, str], log_fd: int) -> ForkedProcess | None:
-        """The node's torchrun agent, forked; None (and the reason logged once) where it must start cold."""
+    def start_agent(self, argv: list[str], env: dict[str, str], log_fd: int,
+                    listen_fd: int | None = None) -> ForkedProcess | None:
+        """The node's torchrun agent, forked (with the rendezvous store's listening socket, if given);
+        None (and the reason logged once) where it must start cold."""
         if self.unusable is None and self.channel is None:
             self._clone()
         if self.unusable is None and self.channel.wait_ready(READY_TIMEOUT_S) is None:
@@ -57,7 +59,8 @@ class WarmPool:
         if self.unusable is None:
             with open(os.devnull, "rb") as devnull:
                 try:
-                    return self.channel.fork(AGENT, argv, env, os.getcwd(), [devnull.fileno(), log_fd, log_fd])
+                    passed = [listen_fd] if listen_fd is not None else []
+                    return self.channel.fork(AGENT, argv, env, os.getcwd(), [devnull.fileno(), log_fd, log_fd, *passed])
                 except NotForkable as exc:
                     self.unusable = str(exc)
         log.warning("node slot %d starts cold: %s", self.slot, self.unusable)

@@ -13,6 +13,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainflow.backends.store_sockets import LISTEN_FD_ENV
+
 AGENT = "agent"
 WORKER = "worker"
 CHANNEL_FD_ENV = "TRAINFLOW_WARM_CHANNEL_FD"  # the agent's channel to its node's zygote
@@ -75,10 +77,12 @@ def become(command: Command, stdio: list[int], channel_fd: int | None) -> None:
     tempfile.tempdir = None  # the zygote's choice is cached: the command's TMPDIR counts from here on
     if channel_fd is not None:
         os.environ[CHANNEL_FD_ENV] = str(channel_fd)
-    for target, fd in enumerate(stdio):
+    for target, fd in enumerate(stdio[:3]):
         os.dup2(fd, target)
         if fd > 2:
             os.close(fd)
+    if command.role == AGENT and len(stdio) > 3:  # the rendezvous store's listening socket, kept as received
+        os.environ[LISTEN_FD_ENV] = str(stdio[3])
     _unbuffered_stdio()
     _fresh_seeds()
 
