@@ -64,6 +64,7 @@ def watch_attempt(launched: Launched) -> AttemptResult:
             straggler_steps=spec.fault_tolerance.straggler_steps,
             startup_timeout_s=spec.fault_tolerance.startup_timeout_s,
             exit_timeout_s=spec.fault_tolerance.exit_timeout_s,
+            plain_startup_window_s=spec.fault_tolerance.plain_startup_window_s,
         ),
         world_size=spec.world_size,
         resumed_from_step=launched.resumed_from_step,
