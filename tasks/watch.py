@@ -8,7 +8,10 @@ from tasks import lifecycle_task
 from tasks.attempts import STOP_GRACE_S
 from tasks.records import Launched
 from tasks.reporting import report_progress
+from trainflow.checkpoint.plain_copies import read_restores
+from trainflow.checkpoint.storage import StorageError
 from trainflow.orchestrator import live, progress
+from trainflow.orchestrator.plain_copies import CopyFeed
 from trainflow.orchestrator.failures import AttemptResult
 from trainflow.orchestrator.watcher import AttemptWatcher, WatchLimits
 
@@ -75,6 +78,11 @@ def watch_attempt(launched: Launched) -> AttemptResult:
         final_step=spec.workload.steps,
         plain=spec.workload.mode.value == "plain",
     )
+    copies = None
+    if watcher.plain and spec.workload.plain.checkpoint_dir:  # node 0 commits copies of the script's folder
+        copies = CopyFeed(provisioned.storage, record.run_id, handle.attempt,
+                          lambda commit: live.publish_commit(record.run_id, handle.attempt, commit))
+        copies.start()
     try:
         result = watcher.run()
         if result.evidence.get("storage_calls"):
@@ -82,7 +90,11 @@ def watch_attempt(launched: Launched) -> AttemptResult:
             # until it releases the attempt the workers would train on past the verdict once it answers
             provisioned.launcher.stop(handle, grace_s=STOP_GRACE_S)
     finally:
+        if copies is not None:
+            copies.stop()
         live.end_commits(record.run_id, handle.attempt)
+    if copies is not None:
+        note_restores(launched, result)
     log = logger.info if result.outcome.value == "SUCCEEDED" else logger.warning
     at_step = "" if watcher.plain else f" at step {result.last_step}"  # a plain script reports no steps
     log("attempt %d ended %s%s: %s", result.attempt, result.outcome.value, at_step, result.reason)
@@ -91,3 +103,25 @@ def watch_attempt(launched: Launched) -> AttemptResult:
             logger.warning("last stderr lines of %s:\n%s", f"rank {failed['rank']}" if failed["rank"] is not None
                            else f"node {failed['node']}", "\n".join(failed["stderr_tail"]))
     return result
+
+
+def note_restores(launched: Launched, result: AttemptResult) -> None:
+    """Which copy of a plain script's folder each node restored (and what it passed over), as the
+    nodes recorded it in the store: node 0's is the attempt's `resumed_from`."""
+    storage, record = launched.provisioned.storage, launched.record
+    try:
+        restores = read_restores(storage, record.run_id, result.attempt)
+    except StorageError as exc:
+        get_run_logger().warning("could not read which copy the nodes restored: %s", exc)
+        return
+    if not restores:
+        return
+    result.evidence["restores"] = restores
+    restored = next((r["restored"] for r in restores if r.get("restored")), None)
+    result.resumed_from = f"{storage.uri}/{restored}" if restored else None
+    for entry in restores:
+        for rejected in entry.get("rejected", []):
+            get_run_logger().warning("node %s passed over copy %s/%s: %s", entry.get("node"), storage.uri,
+                                     rejected["prefix"], rejected["reason"])
+    if result.resumed_from:
+        get_run_logger().info("attempt %d resumed from %s", result.attempt, result.resumed_from)

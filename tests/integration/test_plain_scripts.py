@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.conftest import job_processes, run_cli, summary_of
+from pathlib import Path
+
+import torch
+
+from tests.integration.conftest import job_processes, run_cli, summary_of, unique_prefix
+from trainflow.checkpoint.catalog import latest_verified
+from trainflow.checkpoint.storage import open_storage
 
 pytestmark = pytest.mark.integration
 
@@ -44,3 +50,45 @@ def test_a_plain_rank_killed_by_a_signal_is_killed_and_the_signal_named(cli_env,
     attempts = summary_of(result)["attempts"]
     assert [a["outcome"] for a in attempts] == ["KILLED", "SUCCEEDED"], [a["reason"] for a in attempts]
     assert "rank 1 on node 1 was killed by SIGKILL" in attempts[0]["reason"]
+
+
+def own_checkpoints(out_dir, store: str) -> list[str]:
+    return ["--set", f"workload.plain.checkpoint_dir={out_dir}", "--set", "workload.plain.resume_args=[--init_from=resume]",
+            "--set", f"checkpoint.uri={store}"]
+
+
+def checkpoint_at(storage, prefix: str, tmp_path) -> dict:
+    local = tmp_path / prefix.replace("/", "-") / "ckpt.pt"
+    storage.download(f"{prefix}/ckpt.pt", local)
+    return torch.load(local, weights_only=True)
+
+
+@pytest.mark.parametrize("store, failure", [
+    ("local", ["--remove-out"]),  # the node's folder is gone: only the copy in the store is left
+    ("s3", ["--fail-signal", "SIGKILL"]),
+])
+def test_a_plain_script_resumes_from_its_own_checkpoint_copied_to_the_store(cli_env, tmp_path, monkeypatch, store,
+                                                                            failure):
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+        monkeypatch.setenv(name, cli_env[name])  # this test reads the store too
+    uri = str(tmp_path / "store") if store == "local" else unique_prefix()
+    out = tmp_path / "out"
+    args = plain_args(out, tmp_path / "failed", "--fail-once-copied-to", uri, *failure)
+    result = run_cli(["run", SPEC, *PLAIN, *args, *own_checkpoints(out, uri), "--json"], cli_env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = summary_of(result)
+    attempts = summary["attempts"]
+    expected = "KILLED" if "SIGKILL" in failure else "CRASHED"
+    assert [a["outcome"] for a in attempts] == [expected, "SUCCEEDED"], [a["reason"] for a in attempts]
+    assert attempts[0]["resumed_from"] is None
+    restored = attempts[1]["resumed_from"]
+    assert restored and restored.startswith(f"{uri}/{summary['run_id']}/step-"), attempts[1]
+    storage = open_storage(uri)
+    resumed_at = checkpoint_at(storage, restored.removeprefix(f"{uri}/"), tmp_path)["iter_num"]
+    assert 10 <= resumed_at <= 30
+    final = latest_verified(storage, summary["run_id"])  # the copy taken once every rank exited 0
+    last = checkpoint_at(storage, final.prefix, tmp_path)
+    assert last["iter_num"] == 60 and last["starts"] == [[1, 0], [2, resumed_at]], last["starts"]
+    assert summary["checkpoints"] and all(c["verified"] for c in summary["checkpoints"]), summary["checkpoints"]
+    assert len(storage.list(summary["run_id"])) <= 3 * 2 + 2  # retention (keep_last 3), two restore records
+    assert job_processes(summary["run_id"]) == []

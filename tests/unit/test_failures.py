@@ -431,3 +431,11 @@ def test_the_exception_line_of_torchruns_error_file_when_stderr_has_none():
                                             error_line="OSError: out/ckpt.pt: disk full"),))]
     _, reason = classify_exit(exits, status(), world_size=2, plain=True, window=PlainWindow(40.0, 30.0))
     assert reason.endswith(": OSError: out/ckpt.pt: disk full")
+
+
+def test_a_plain_script_failing_twice_from_the_same_copy_is_a_crash_loop_but_not_from_a_newer_one():
+    first, second, third = (result(n, Outcome.CRASHED, last_step=0) for n in (1, 2, 3))
+    second.resumed_from, third.resumed_from = "s3://b/run/step-00000001", "s3://b/run/step-00000002"
+    assert decide(policy(3), [first, second, third]).retry is True
+    third.resumed_from = second.resumed_from
+    assert "crash loop" in decide(policy(3), [first, second, third]).reason

@@ -7,7 +7,9 @@ the interpreter would wait for them at exit forever: an agent that outlives its 
 os._exit once torchrun has returned or raised skips that wait; what torchrun writes (its error
 file, its logs) is written before. Stopped by a signal (torchrun's SignalException, once it has
 ended its workers), the agent exits 128 + the signal's number, as a shell reports it: the
-orchestrator tells a node that was stopped from one that failed."""
+orchestrator tells a node that was stopped from one that failed. Before torchrun starts the script,
+the agent sets the attempt's environment and restores a plain script's own checkpoint folder; node
+0's agent copies that folder to the checkpoint store while the script runs (plain_node.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ def main() -> None:
     from torch.distributed.run import main as torchrun
 
     from trainflow.backends import rank_records, quick_rendezvous
+    from trainflow.backends.plain_node import prepare_node
 
+    copies = prepare_node(sys.argv)  # before the records' variable leaves the environment
     quick_rendezvous.install_from_environment()
     rank_records.install_from_environment()
 
@@ -37,6 +41,8 @@ def main() -> None:
         traceback.print_exc()
         code = 1
     finally:
+        if copies is not None:
+            copies.finish(code)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

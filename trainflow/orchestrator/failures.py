@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from trainflow.backends.base import NodeExit
 from trainflow.contracts import AttemptResult, Outcome
 from trainflow.contracts.exit_codes import ORCHESTRATOR_LOST as EXIT_ORCHESTRATOR_LOST
+from trainflow.contracts.exit_codes import STORE_UNREACHABLE
 from trainflow.spec import FaultTolerance
 from trainflow.orchestrator.status import AttemptStatus
 
@@ -150,6 +151,8 @@ def describe_failure(
     quoted = f": {said}" if said else ""
     if code == EXIT_ORCHESTRATOR_LOST:
         return Outcome.INFRA, f"{failure.who} lost the orchestrator"
+    if code == STORE_UNREACHABLE:
+        return Outcome.INFRA, f"{failure.who} could not restore the script's checkpoint from the store"
     if code is None:
         return Outcome.CRASHED, f"a worker on node {failure.node} died"
     if code < 0:
@@ -261,7 +264,9 @@ def decide(policy: FaultTolerance, results: list[AttemptResult]) -> Decision:
         return Decision(False, f"{last.outcome.value} is not retried: {last.reason}")
     if len(results) >= 2 and last.outcome != Outcome.PREEMPTED:
         previous = results[-2]
-        if previous.outcome == last.outcome and previous.last_step == last.last_step:
+        # a plain script reports no steps: the same failure from the same restored copy is the loop
+        if (previous.outcome == last.outcome and previous.last_step == last.last_step
+                and previous.resumed_from == last.resumed_from):
             return Decision(
                 False, f"crash loop: {last.outcome.value} twice at step {last.last_step}, stopping ({last.reason})"
             )
