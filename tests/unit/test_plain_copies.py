@@ -65,3 +65,11 @@ def test_a_removed_folder_is_restored_and_a_damaged_copy_gives_way_to_an_older_o
     assert sorted(os.listdir(out)) == ["ckpt.pt"]  # nothing half downloaded left beside it
     record_restore(storage, "run-1", 2, 0, restored)
     assert read_restores(storage, "run-1", 2)[0]["restored"] == older.prefix
+
+
+def test_a_damaged_copy_is_passed_over_though_the_folder_still_holds_its_bytes(tmp_path):
+    storage = LocalStorage(tmp_path / "store")
+    out = folder_with(tmp_path / "out", **{"ckpt.pt": b"intact"})
+    copy = take_copy(out, folder_state(out), storage, IDENTITY, tmp_path / "aside")
+    (tmp_path / "store" / copy.prefix / "ckpt.pt").write_bytes(b"broken")
+    assert restore_newest(storage, copy.prefix, out).prefix is None  # nothing older to fall back to

@@ -10,8 +10,8 @@ folder (`<run id>/step-<8 digits>/`, the number in the manifest's `step`), so th
 verification and retention of trainflow's own checkpoints apply unchanged.
 
 Restoring downloads every file of a copy beside its target, checks its size and sha256 against
-the manifest, then renames it into place (a file that already matches is left alone: nodes that
-share a folder restore it once); a copy that does not verify gives way to the next older one.
+the manifest, then renames it into place (nodes that share a folder put the same bytes there, with the
+same time); a copy that does not verify gives way to the next older one.
 What each node restored, and what it passed over and why, goes to the store as a small record
 (`<run id>/restores/attempt-<k>-node-<n>.json`) for the orchestrator to read.
 """
@@ -134,8 +134,8 @@ def _restore(storage: Storage, prefix: str, manifest: Manifest, folder: Path) ->
     folder.mkdir(parents=True, exist_ok=True)
     for entry in manifest.files:
         target = folder / entry.name
-        if _matches(target, entry):
-            continue
+        # downloaded even when the folder holds the same bytes: the copy in the store is what a
+        # replacement node would get, and a damaged one must be found and passed over now
         partial = folder / f"{PARTIAL_PREFIX}{entry.name}-{os.getpid()}"
         try:
             storage.download(f"{prefix}/{entry.name}", partial)
