@@ -92,3 +92,32 @@ def test_a_plain_script_resumes_from_its_own_checkpoint_copied_to_the_store(cli_
     assert summary["checkpoints"] and all(c["verified"] for c in summary["checkpoints"]), summary["checkpoints"]
     assert len(storage.list(summary["run_id"])) <= 3 * 2 + 2  # retention (keep_last 3), two restore records
     assert job_processes(summary["run_id"]) == []
+
+
+@pytest.mark.parametrize(("fault", "detected"), [
+    ("kill", "KILLED"), ("corrupt-checkpoint", "KILLED"), ("preempt", "PREEMPTED"),
+])
+def test_a_drill_at_a_time_on_a_plain_script_passes(cli_env, tmp_path, fault, detected):
+    # 400 iterations of at least 50 ms: the job runs well past the fault's time, whatever the load
+    out = tmp_path / "out"
+    args = ["--out_dir", str(out), "--max_iters", "400", "--ckpt_every", "40", "--iter_sleep_s", "0.05"]
+    result = run_cli(["drill", SPEC, "--fault", fault, "--at-s", "6", "--no-compare-torchrun", *PLAIN,
+                      "--set", "workload.args=[" + ", ".join(f"'{a}'" for a in args) + "]",
+                      *own_checkpoints(out, str(tmp_path / "store")), "--json"], cli_env, timeout_s=400)
+    report = summary_of(result)
+    assert report["outcomes"] == [detected, "SUCCEEDED"], report
+    assert report["injected"] is True and report["injected_at_s"] >= 6, report
+    if report["newest_copy_before_fault"]:
+        assert report["resumed_from"] and report["resumed_from"] != report["damaged"], report
+    assert report["broken_rules"] == [] and report["passed"] is True and result.returncode == 0, report
+
+
+@pytest.mark.parametrize(("drill", "refusal"), [
+    (["--fault", "hang", "--at-s", "5"], "--fault hang: a plain script reports no progress"),
+    (["--fault", "crash", "--at-step", "30"], "--at-s: a plain script reports no steps"),
+])
+def test_a_drill_that_cannot_apply_to_a_plain_script_is_refused_before_anything_runs(cli_env, drill, refusal):
+    result = run_cli(["drill", SPEC, *drill, *PLAIN], cli_env, timeout_s=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert refusal in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (Path(cli_env["TRAINFLOW_HOME"]) / "runs").exists()  # nothing provisioned

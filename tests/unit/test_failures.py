@@ -439,3 +439,11 @@ def test_a_plain_script_failing_twice_from_the_same_copy_is_a_crash_loop_but_not
     assert decide(policy(3), [first, second, third]).retry is True
     third.resumed_from = second.resumed_from
     assert "crash loop" in decide(policy(3), [first, second, third]).reason
+
+
+def test_a_plain_node_stopped_by_sigterm_is_preempted_though_its_peer_failed_on_the_lost_connection():
+    exits = [NodeExit(0, 1, ranks=(RankExit(0, 0, 1, observed_at=20.0, root_cause=True,
+                                            stderr_tail=(f"[rank0]: RuntimeError: {PEER}",)),)),
+             NodeExit(1, 143)]
+    outcome, reason = classify_exit(exits, status(), world_size=2, plain=True, window=PlainWindow(0.0, 1.0))
+    assert outcome == Outcome.PREEMPTED and reason == "node 1 stopped by SIGTERM (reclaimed)"

@@ -223,6 +223,9 @@ def classify_exit(
             f"preempted (SIGTERM to rank {status.preempted.get('rank')}): emergency checkpoint at step "
             f"{status.preempted.get('step')} committed" + (f"; {sender}" if sender else "")
         )
+    if plain and (stopped := [e.node for e in failed if stopped_by_sigterm(e)]):
+        # a plain script has no emergency checkpoint: its node was reclaimed, and its peers' errors follow
+        return Outcome.PREEMPTED, f"node {_nodes_named(stopped)} stopped by SIGTERM (reclaimed)"
     causes = rank_failures(exits, status)
     reported = [f for f in causes if f.error is not None]
     if reported and reported[0] is causes[0]:
@@ -235,6 +238,10 @@ def classify_exit(
         return describe_failure(causes[0], status, plain, window)
     messages = [e.get("message", "") for e in status.errors]
     return Outcome.INFRA, f"communication failed between nodes: {(messages[0] if messages else '')[:300]}"
+
+
+def _nodes_named(nodes: list[int]) -> str:
+    return ", ".join(str(n) for n in sorted(nodes))
 
 
 @dataclass(frozen=True)
