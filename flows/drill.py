@@ -79,7 +79,9 @@ def fault_drill(spec: RunSpec, fault: FaultPlan, fresh_baseline: bool = False, c
     spec = drill_spec(spec, fault)
     key = baseline_key(spec, fingerprint_environment().fingerprint)
     baseline = None if fresh_baseline else load_baseline(key)
-    if baseline is None:
+    if fault.at_s is not None:  # a plain script has no parameter hash to compare: no baseline to run
+        baseline = {}
+    elif baseline is None:
         logger.info("running the fault-free baseline")
         base_summary = run_lifecycle(spec)
         if base_summary["status"] != "succeeded":

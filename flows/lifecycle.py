@@ -83,7 +83,8 @@ def run_lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None, ru
         attempt_spec, results, snapshots, injections = None, [], [], []  # None: the run's own spec
         for attempt in count(1):
             faults = [plan for plan in chaos or [] if plan.attempt == attempt]
-            gate = min((plan.at_step for plan in faults), default=None)  # the workers wait there for the fault
+            # the workers wait there for the fault; a fault at a time (plain scripts) has no step to wait at
+            gate = min((plan.at_step for plan in faults if plan.at_s is None), default=None)
             launched = launch_attempt(ready, attempt, opaque(attempt_spec), opaque(restore_from), gate)
             injecting = [inject_fault.submit(launched, opaque(plan)) for plan in faults]
             # watch in the background; meanwhile snapshot each commit it passes on, until it ends

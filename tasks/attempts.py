@@ -41,7 +41,8 @@ def release_attempt(launched: Launched, result: AttemptResult) -> AttemptResult:
     tracker.log_params(
         child,
         {"attempt": result.attempt, "world_size": result.world_size, "resumed_from_step": result.resumed_from_step,
-         **attempt_degrees(spec, result.world_size)},
+         **attempt_degrees(spec, result.world_size),
+         **({"resumed_from": result.resumed_from} if result.resumed_from else {})},
     )
     tracker.log_metrics(
         child,

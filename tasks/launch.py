@@ -92,6 +92,10 @@ def launch_attempt(
     handle.pause_at_step = plan.pause_at_step  # the drill's injector waits for every rank there
     resumed_from_step = restore_from.step if restore_from else 0
     newer_local = " or a newer node-local copy" if attempt > 1 and spec.checkpoint.local_tier else ""
+    if spec.workload.mode.value == "plain":  # no steps: the script's own folder, or nothing, is restored
+        resumed_from_step = 0
+        newer_local = (f" (its folder restored from copy {restore_from.prefix})" if restore_from
+                       and spec.workload.plain.checkpoint_dir else "")
     # the node folder goes at teardown: point at where the logs are kept
     get_run_logger().info(
         "attempt %d: %d node(s) started (%d warm) from step %d%s; its logs are kept in MLflow run %s, nested run "

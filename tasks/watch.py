@@ -10,6 +10,9 @@ from tasks.records import Launched
 from tasks.reporting import report_progress
 from trainflow.contracts.status_protocol import Checkpoint, Error, Layout, Preempted, Restored
 from trainflow.orchestrator import progress
+from trainflow.checkpoint.plain_copies import read_restores
+from trainflow.checkpoint.storage import StorageError
+from trainflow.orchestrator.plain_copies import CopyFeed
 from trainflow.orchestrator.failures import AttemptResult
 from trainflow.orchestrator.live import CommitFeed
 from trainflow.orchestrator.status import RankReport
@@ -68,6 +71,7 @@ def watch_attempt(launched: Launched, commits: CommitFeed) -> AttemptResult:
             straggler_steps=spec.fault_tolerance.straggler_steps,
             startup_timeout_s=spec.fault_tolerance.startup_timeout_s,
             exit_timeout_s=spec.fault_tolerance.exit_timeout_s,
+            plain_startup_window_s=spec.fault_tolerance.plain_startup_window_s,
         ),
         world_size=spec.world_size,
         resumed_from_step=launched.resumed_from_step,
@@ -79,11 +83,22 @@ def watch_attempt(launched: Launched, commits: CommitFeed) -> AttemptResult:
         plain=spec.workload.mode.value == "plain",
         fault_tolerance=spec.fault_tolerance,
     )
-    result = watcher.run()
-    if result.evidence.get("storage_calls"):
-        # a storage outage: the flow may be waiting on the same store to snapshot a commit, and
-        # until it releases the attempt the workers would train on past the verdict once it answers
-        provisioned.launcher.stop(handle, grace_s=STOP_GRACE_S)
+    copies = None
+    if watcher.plain and spec.workload.plain.checkpoint_dir:  # node 0 commits copies of the script's folder
+        copies = CopyFeed(provisioned.storage, record.run_id, handle.attempt,
+                          commits.publish)
+        copies.start()
+    try:
+        result = watcher.run()
+        if result.evidence.get("storage_calls"):
+            # a storage outage: the flow may be waiting on the same store to snapshot a commit, and
+            # until it releases the attempt the workers would train on past the verdict once it answers
+            provisioned.launcher.stop(handle, grace_s=STOP_GRACE_S)
+    finally:
+        if copies is not None:
+            copies.stop()
+    if copies is not None:
+        note_restores(launched, result)
     log = logger.info if result.outcome.value == "SUCCEEDED" else logger.warning
     at_step = "" if watcher.plain else f" at step {result.last_step}"  # a plain script reports no steps
     log("attempt %d ended %s%s: %s", result.attempt, result.outcome.value, at_step, result.reason)
@@ -92,3 +107,25 @@ def watch_attempt(launched: Launched, commits: CommitFeed) -> AttemptResult:
             logger.warning("last stderr lines of %s:\n%s", f"rank {failed['rank']}" if failed["rank"] is not None
                            else f"node {failed['node']}", "\n".join(failed["stderr_tail"]))
     return result
+
+
+def note_restores(launched: Launched, result: AttemptResult) -> None:
+    """Which copy of a plain script's folder each node restored (and what it passed over), as the
+    nodes recorded it in the store: node 0's is the attempt's `resumed_from`."""
+    storage, record = launched.provisioned.storage, launched.record
+    try:
+        restores = read_restores(storage, record.run_id, result.attempt)
+    except StorageError as exc:
+        get_run_logger().warning("could not read which copy the nodes restored: %s", exc)
+        return
+    if not restores:
+        return
+    result.evidence["restores"] = restores
+    restored = next((r["restored"] for r in restores if r.get("restored")), None)
+    result.resumed_from = f"{storage.uri}/{restored}" if restored else None
+    for entry in restores:
+        for rejected in entry.get("rejected", []):
+            get_run_logger().warning("node %s passed over copy %s/%s: %s", entry.get("node"), storage.uri,
+                                     rejected["prefix"], rejected["reason"])
+    if result.resumed_from:
+        get_run_logger().info("attempt %d resumed from %s", result.attempt, result.resumed_from)

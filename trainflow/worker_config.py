@@ -45,6 +45,9 @@ class WorkerConfig:
     parallel_strategy: str = "ddp"  # parallel.strategy; the data degree follows from the world size
     tensor_degree: int = 1  # parallel.tensor
     pipeline_degree: int = 1  # parallel.pipeline
+    world_size: int = 0  # the attempt's
+    plain_checkpoint_dir: str | None = None  # workload.plain.checkpoint_dir: the agents copy and restore it
+    plain_resume_args: tuple[str, ...] = ()  # workload.plain.resume_args: appended when a copy was restored
 
     def write(self, path: Path) -> Path:
         """A new file readable by its owner only: it holds the status channel's token."""

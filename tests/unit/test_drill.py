@@ -133,3 +133,63 @@ def test_a_fault_the_backend_cannot_inject_is_refused_naming_its_missing_ability
     assert str(refused.value) == f"--fault {kind.value}: {inability}"
     for backend in ("local", "slurm"):
         check_plan(on_backend(backend), FaultPlan(kind=kind, at_step=30))  # both offer every ability
+
+
+# --- plain scripts: faults at a time, judged by what plain mode can prove -------------------------------
+
+
+def plain_spec(**plain) -> RunSpec:
+    spec = on_backend("local")
+    workload = spec.workload.model_copy(update={"mode": "plain", "plain": spec.workload.plain.model_copy(update=plain)})
+    return spec.model_copy(update={"workload": workload})
+
+
+@pytest.mark.parametrize(("plan", "refusal"), [
+    (FaultPlan(kind="crash", at_step=30), "--at-s: a plain script reports no steps"),
+    (FaultPlan(kind="hang", at_s=5), "--fault hang: a plain script reports no progress"),
+    (FaultPlan(kind="straggler", at_s=5), "--fault straggler: a plain script reports no step times"),
+    (FaultPlan(kind="node-loss", at_s=5), "--fault node-loss: a plain script sends no heartbeats"),
+    (FaultPlan(kind="storage-outage", at_s=5), "--fault storage-outage: a plain script's ranks never use"),
+    (FaultPlan(kind="corrupt-checkpoint", at_s=5), "--fault corrupt-checkpoint: a plain script's checkpoints are "
+                                                   "copied only with workload.plain.checkpoint_dir"),
+])
+def test_a_fault_that_cannot_go_into_a_plain_script_is_refused(plan, refusal):
+    with pytest.raises(SpecError, match="^" + refusal.replace(".", r"\.")):
+        check_plan(plain_spec(), plan)
+
+
+def test_plain_faults_at_a_time_are_accepted_and_a_time_is_refused_for_a_runtime_script():
+    for kind in ("crash", "kill", "preempt"):
+        check_plan(plain_spec(), FaultPlan(kind=kind, at_s=5))
+    check_plan(plain_spec(checkpoint_dir="out"), FaultPlan(kind="corrupt-checkpoint", at_s=5))
+    with pytest.raises(SpecError, match="^--at-s: only for plain scripts"):
+        check_plan(on_backend("local"), FaultPlan(kind="crash", at_s=5))
+
+
+def plain_run(resumed_from: str | None, damaged: str = "") -> dict:
+    copies = [{"step": n, "uri": f"s3://b/p/run/step-0000000{n}", "verified": True, "committed_at": float(n)}
+              for n in (1, 2, 3)]  # copy 3 is committed after the fault (at 2.5)
+    first = {**attempt(1, "KILLED", 0, 0), "resumed_from": None}
+    second = {**attempt(2, "SUCCEEDED", 0, 0), "resumed_from": resumed_from}
+    return {"status": "succeeded", "attempts": [first, second], "params_sha256": None, "checkpoints": copies,
+            "reason": "every rank exited 0", "faults": [{"injected": True, "injected_at": 2.5, "target": "rank 1",
+                                                        "detail": {"at_s": 4.0, "damaged": damaged}}]}
+
+
+def test_a_plain_drill_passes_resuming_from_the_newest_copy_before_the_fault_and_not_from_a_damaged_one():
+    report = drill_report(FaultPlan(kind="kill", at_s=4), plain_run("s3://b/p/run/step-00000002"), {}, None, True, 50)
+    assert report["broken_rules"] == [] and report["passed"] is True
+    assert report["newest_copy_before_fault"] == "s3://b/p/run/step-00000002"
+    older = drill_report(FaultPlan(kind="kill", at_s=4), plain_run("s3://b/p/run/step-00000001"), {}, None, True, 50)
+    assert older["passed"] is False and "not from the newest copy" in older["broken_rules"][0]
+    damaged = plain_run("s3://b/p/run/step-00000001", damaged="run/step-00000002/ckpt.pt")
+    report = drill_report(FaultPlan(kind="corrupt-checkpoint", at_s=4), damaged, {}, None, True, 50)
+    assert report["newest_copy_before_fault"] == "s3://b/p/run/step-00000001" and report["passed"] is True
+
+
+def test_a_rank_fault_at_a_time_needs_a_backend_that_names_a_plain_scripts_ranks():
+    spec = on_backend("slurm")
+    spec = spec.model_copy(update={"workload": spec.workload.model_copy(update={"mode": "plain"})})
+    with pytest.raises(SpecError, match="^--fault kill: the slurm backend cannot name a plain script's rank"):
+        check_plan(spec, FaultPlan(kind="kill", at_s=5))
+    check_plan(spec, FaultPlan(kind="preempt", at_s=5))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainflow.backends.base import NodeExit, RankExit
-from trainflow.orchestrator.failures import AttemptResult, Outcome, classify_exit, decide
+from trainflow.orchestrator.failures import AttemptResult, Outcome, PlainWindow, classify_exit, decide, exception_line
 from trainflow.runtime.reporter import EXIT_ORCHESTRATOR_LOST
 from trainflow.spec import FaultTolerance
 from trainflow.orchestrator.status import AttemptStatus
@@ -387,3 +387,63 @@ def test_a_ranks_stderr_tail_leaves_out_torchs_info_lines(tmp_path):
     assert stderr_tail(tmp_path, 1) == ["usage: train.py [-h]",
                                         "train.py: error: argument --hidden: invalid int value: 'notanumber'"]
     assert stderr_tail(tmp_path, 0) == []
+
+
+# --- plain scripts: the start-up window and the reason ------------------------------------------------
+
+WARNED_THEN_DIED = (
+    "/work/nanoGPT/train.py:196: FutureWarning: `torch.cuda.amp.GradScaler(args...)` is deprecated.",
+    "  scaler = torch.cuda.amp.GradScaler(enabled=(dtype == 'float16'))",
+)
+TRACEBACK = (
+    "[rank1]: Traceback (most recent call last):",
+    '[rank1]:   File "/work/train.py", line 12, in <module>',
+    "[rank1]:     load()",
+    "[rank1]: ValueError: ckpt.pt holds no 'model'",
+    "[rank1]: (the message's second line)",
+)
+
+
+def test_the_reason_is_the_exception_line_never_a_warnings_source_line():
+    assert exception_line(WARNED_THEN_DIED) == ""
+    assert exception_line((*WARNED_THEN_DIED, *TRACEBACK)) == "ValueError: ckpt.pt holds no 'model'"
+    assert exception_line(("usage: train.py [-h]", "train.py: error: argument --lr: invalid float value: 'x'")) \
+        == "train.py: error: argument --lr: invalid float value: 'x'"
+
+
+def test_a_plain_exit_after_the_start_up_window_is_a_crash_and_within_it_the_users():
+    exits = [NodeExit(0, 1, ranks=(RankExit(0, 0, 1, observed_at=100.0, root_cause=True,
+                                            stderr_tail=(*WARNED_THEN_DIED,)),))]
+    outcome, reason = classify_exit(exits, status(), world_size=2, plain=True, window=PlainWindow(40.0, 30.0))
+    assert outcome == Outcome.CRASHED and reason == "rank 0 on node 0 exited with code 1 60s after launch"
+    outcome, reason = classify_exit(exits, status(), world_size=2, plain=True, window=PlainWindow(90.0, 30.0))
+    assert outcome == Outcome.USER_ERROR and "plain_startup_window_s (30s)" in reason
+
+
+def test_a_plain_rank_killed_by_a_signal_is_killed_naming_it():
+    exits = [NodeExit(0, 1, ranks=(RankExit(1, 1, -9, observed_at=100.0, root_cause=True),))]
+    outcome, reason = classify_exit(exits, status(), world_size=2, plain=True, window=PlainWindow(40.0, 30.0))
+    assert outcome == Outcome.KILLED and "killed by SIGKILL" in reason
+
+
+def test_the_exception_line_of_torchruns_error_file_when_stderr_has_none():
+    exits = [NodeExit(0, 1, ranks=(RankExit(0, 0, 1, observed_at=100.0, root_cause=True, stderr_tail=WARNED_THEN_DIED,
+                                            error_line="OSError: out/ckpt.pt: disk full"),))]
+    _, reason = classify_exit(exits, status(), world_size=2, plain=True, window=PlainWindow(40.0, 30.0))
+    assert reason.endswith(": OSError: out/ckpt.pt: disk full")
+
+
+def test_a_plain_script_failing_twice_from_the_same_copy_is_a_crash_loop_but_not_from_a_newer_one():
+    first, second, third = (result(n, Outcome.CRASHED, last_step=0) for n in (1, 2, 3))
+    second.resumed_from, third.resumed_from = "s3://b/run/step-00000001", "s3://b/run/step-00000002"
+    assert decide(policy(3), [first, second, third]).retry is True
+    third.resumed_from = second.resumed_from
+    assert "crash loop" in decide(policy(3), [first, second, third]).reason
+
+
+def test_a_plain_node_stopped_by_sigterm_is_preempted_though_its_peer_failed_on_the_lost_connection():
+    exits = [NodeExit(0, 1, ranks=(RankExit(0, 0, 1, observed_at=20.0, root_cause=True,
+                                            stderr_tail=(f"[rank0]: RuntimeError: {PEER}",)),)),
+             NodeExit(1, 143)]
+    outcome, reason = classify_exit(exits, status(), world_size=2, plain=True, window=PlainWindow(0.0, 1.0))
+    assert outcome == Outcome.PREEMPTED and reason == "node 1 stopped by SIGTERM (reclaimed)"

@@ -296,3 +296,12 @@ def test_a_spec_that_is_not_a_yaml_file_is_named(tmp_path, content, message):
         path.write_bytes(content)
     with pytest.raises(SpecError, match=f"{path}: {message}"):
         load_spec(path)
+
+
+def test_a_plain_scripts_own_checkpoints_need_plain_mode_and_a_folder_for_resume_args(raw):
+    raw["workload"]["plain"] = {"checkpoint_dir": "out", "resume_args": ["--init_from=resume"]}
+    assert "workload.plain.checkpoint_dir needs workload.mode: plain" in spec_error(raw)
+    raw["workload"]["mode"] = "plain"
+    assert parse_spec(raw).workload.plain.resume_args == ["--init_from=resume"]
+    raw["workload"]["plain"] = {"resume_args": ["--init_from=resume"]}
+    assert "workload.plain.resume_args needs workload.plain.checkpoint_dir" in spec_error(raw)

@@ -11,7 +11,11 @@ orchestrator tells a node that was stopped from one that failed.
 
 The agent also runs its node's status relay (trainflow/relay/): its ranks report to it, and it sends
 one stream for the node to the orchestrator; it is closed (its last report sent) before the agent
-exits."""
+exits.
+
+Before torchrun starts the script, the agent sets the attempt's environment and restores a plain
+script's own checkpoint folder; node 0's agent copies that folder to the checkpoint store while the
+script runs (plain_node.py)."""
 
 from __future__ import annotations
 
@@ -25,8 +29,10 @@ def main() -> None:
     from torch.distributed.run import main as torchrun
 
     from trainflow.backends import quick_rendezvous, rank_records, store_sockets
+    from trainflow.backends.plain_node import prepare_node
     from trainflow.relay.relay import start_for_node
 
+    copies = prepare_node(sys.argv)  # before the records' variable leaves the environment
     quick_rendezvous.install_from_environment()
     store_sockets.install_from_environment()
     rank_records.install_from_environment()
@@ -47,6 +53,8 @@ def main() -> None:
     finally:
         if relay is not None:
             relay.close()
+        if copies is not None:
+            copies.finish(code)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -64,6 +64,7 @@ class RankExit:
     observed_at: float | None = None  # when the launcher noticed (torchrun: to the second)
     root_cause: bool = False  # the launcher's first observed failure on that node
     stderr_tail: tuple[str, ...] = ()  # the rank's last stderr lines
+    error_line: str = ""  # the exception line of the rank's torchrun error file (a script using @record)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ that does not race.
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime
 from pathlib import Path
@@ -92,3 +93,18 @@ def log_tail(node_log: Path, lines: int = STDERR_TAIL_LINES) -> list[str]:
     text = _read_tail(node_log, STDERR_TAIL_BYTES)
     kept = [line.rstrip() for line in text.splitlines() if line.strip() and not _CPP_INFO.match(line)]
     return kept[-lines:]
+
+
+def error_file_line(log_dir: Path, local_rank: int) -> str:
+    """The exception line torchrun's error file holds for a local rank (newest run and attempt):
+    written by a script whose entry point is decorated with torch's `@record`; "" without one."""
+    files = sorted(log_dir.glob(f"*/attempt_*/{local_rank}/error.json"), key=lambda p: p.stat().st_mtime)
+    if not files:
+        return ""
+    try:
+        message = json.loads(_read_tail(files[-1], REPORT_TAIL_BYTES))["message"]
+        text = message["message"] if isinstance(message, dict) else str(message)
+    except (ValueError, KeyError, TypeError):
+        return ""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[0][:500] if lines else ""  # torch writes "<type>: <message>"

@@ -40,6 +40,9 @@ def worker_config(spec: RunSpec, run_id: str, plan: AttemptPlan, node: int, node
         parallel_strategy=spec.parallel.strategy.value,
         tensor_degree=spec.parallel.tensor,
         pipeline_degree=spec.parallel.pipeline,
+        world_size=spec.world_size,
+        plain_checkpoint_dir=spec.workload.plain.checkpoint_dir if spec.workload.mode.value == "plain" else None,
+        plain_resume_args=tuple(spec.workload.plain.resume_args),
     )
 
 

@@ -18,7 +18,10 @@ def drill(
     spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="Run spec (YAML).")],
     fault: Annotated[str, typer.Option("--fault", help="crash, kill, hang, straggler, preempt, node-loss, "
                                        "storage-outage or corrupt-checkpoint.")],
-    at_step: Annotated[int, typer.Option("--at-step", help="Inject once every rank reached this step.")] = 30,
+    at_step: Annotated[Optional[int], typer.Option("--at-step", help="Inject once every rank reached this step "
+                                                   "(default 30).")] = None,
+    at_s: Annotated[Optional[float], typer.Option("--at-s", help="Plain scripts: inject this many seconds after "
+                                                  "the attempt's launch.")] = None,
     rank: Annotated[Optional[int], typer.Option("--rank", help="Target rank (process faults).")] = None,
     node: Annotated[Optional[int], typer.Option("--node", help="Target node (preempt, node-loss).")] = None,
     duration_s: Annotated[float, typer.Option("--duration", help="Straggler or outage length (s).")] = 8.0,
@@ -39,8 +42,11 @@ def drill(
 
     if rank is not None and node is not None:
         fail_input("--rank and --node: give one target, not both")
+    if at_step is not None and at_s is not None:
+        fail_input("--at-step and --at-s: give one moment, not both")
     try:
-        plan = FaultPlan(kind=fault, at_step=at_step, rank=rank, node=node, duration_s=duration_s, permanent=permanent)
+        plan = FaultPlan(kind=fault, at_step=30 if at_step is None else at_step, at_s=at_s, rank=rank, node=node,
+                         duration_s=duration_s, permanent=permanent)
     except ValidationError as exc:
         first = exc.errors()[0]
         fail_input(f"--{'fault' if first['loc'][0] == 'kind' else first['loc'][0]}: {first['msg']}")
@@ -90,6 +96,9 @@ def soak(
 
     try:
         spec = load_spec(spec_path, overrides or [])
+        if spec.workload.mode.value == "plain":
+            raise SpecError("soak: a plain script reports no steps to spread faults over; drill it one fault at a "
+                            "time with `trainflow drill SPEC --fault KIND --at-s SECONDS`")
         try:
             wanted = [FaultKind(k.strip()) for k in kinds.split(",")] if kinds else None
         except ValueError as exc:
@@ -140,8 +149,13 @@ def print_drill(report: dict) -> None:
     echo(f"  detected as {report['detected_kind']} after {report['detection_latency_s']} s; "
          f"recovered in {report['recovery_s']} s (torchrun alone: {report['torchrun_restart_s']} s)")
     echo(f"  recovery phases: {phases_line(report.get('recovery_phases'))}")
-    echo(f"  attempts {report['outcomes']}, resumed from step {report['resumed_from_step']}, "
-         f"lost {report['lost_steps']} step(s), goodput {report['goodput']}")
+    if report.get("at_s") is not None:  # a plain script: no steps, its own copies
+        echo(f"  injected {report.get('injected_at_s')} s after launch; attempts {report['outcomes']}, resumed from "
+             f"{report.get('resumed_from') or 'nothing'} (newest copy before the fault: "
+             f"{report.get('newest_copy_before_fault') or 'none'})")
+    else:
+        echo(f"  attempts {report['outcomes']}, resumed from step {report['resumed_from_step']}, "
+             f"lost {report['lost_steps']} step(s), goodput {report['goodput']}")
     echo(f"  params match the baseline: {report['params_match_baseline']}; "
          f"resources released: {report['resources_released']}"
          + (f" (left: {'; '.join(report['leftovers'])})" if report.get("leftovers") else ""))

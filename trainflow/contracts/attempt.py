@@ -42,6 +42,7 @@ class AttemptResult:
     finished: dict | None = None
     totals: dict = field(default_factory=dict)  # sums over rank 0's reported steps: steps, step, comm, data, stalls
     evidence: dict = field(default_factory=dict)
+    resumed_from: str | None = None  # a plain script: the copy of its own checkpoint restored (URI)
 
     @property
     def detection_latency_s(self) -> float | None:

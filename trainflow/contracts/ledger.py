@@ -46,6 +46,7 @@ class AttemptFigures(BaseModel):
     lost_steps: int  # steps of this attempt the next one redid
     steps_run: int  # steps rank 0 ran (and reported) in this attempt
     step_time_s: float  # their summed step time
+    resumed_from: str | None = None  # a plain script: the copy of its own checkpoint it restored
 
 
 class RunFigures(BaseModel):
@@ -131,6 +132,7 @@ def attempt_figures(results: list[AttemptResult]) -> list[AttemptFigures]:
                 lost_steps=max(0, result.last_step - following.resumed_from_step) if following else 0,
                 steps_run=int(result.totals.get("steps", 0)),
                 step_time_s=round(float(result.totals.get("step_time_s", 0.0)), 6),
+                resumed_from=result.resumed_from,
             )
         )
     return rows

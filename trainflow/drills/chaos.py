@@ -20,7 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainflow.backends import Allocation, AttemptHandle, Launcher
-from trainflow.backends.abilities import CutsNodes, PreemptsNodes, SignalsRanks
+from trainflow.backends.abilities import CutsNodes, KnowsRankProcesses, PreemptsNodes, SignalsRanks
 from trainflow.checkpoint.catalog import list_committed
 from trainflow.checkpoint.storage import open_storage
 from trainflow.orchestrator.status import StatusServer
@@ -47,6 +47,9 @@ class FaultPlan(BaseModel):
     kind: FaultKind = Field(title="Fault", description="What to break.")
     attempt: int = Field(default=1, ge=1, title="Attempt", description="Which attempt of the run to break.")
     at_step: int = Field(default=30, gt=0, title="At step", description="Inject once every rank has reached this step.")
+    at_s: float | None = Field(default=None, gt=0, le=86400, title="At (s)",
+                               description="Plain scripts: inject this many seconds after the attempt's launch "
+                               "(they report no steps, so there is no step to wait at).")
     rank: int | None = Field(default=None, ge=0, title="Rank", description="Target rank (process faults).")
     node: int | None = Field(default=None, ge=0, title="Node", description="Target node (preempt, node-loss).")
     duration_s: float = Field(default=8.0, gt=0, le=600, title="Duration (s)", description="Straggler / outage length.")
@@ -167,6 +170,8 @@ def open_gate(allocation: Allocation, handle: AttemptHandle) -> None:
 
 def _inject(plan: FaultPlan, launcher: Launcher, handle: AttemptHandle, channel: StatusServer, allocation: Allocation,
             checkpoint_uri: str, world_size: int, timeout_s: float) -> Injection:
+    if plan.at_s is not None:
+        return _inject_at_time(plan, launcher, handle, allocation, checkpoint_uri, world_size, timeout_s)
     record = Injection(kind=plan.kind.value)
     deadline = time.monotonic() + timeout_s
     if not wait_for_step(channel, handle, world_size, plan.at_step, timeout_s):
@@ -228,6 +233,58 @@ def _inject(plan: FaultPlan, launcher: Launcher, handle: AttemptHandle, channel:
         record.target = f"{damaged}, then rank {rank} killed so the next attempt must restore"
         record.injected_at = time.time()
         launcher.signal_rank(allocation, pid, signal.SIGKILL)
+    record.injected = True
+    return record
+
+
+# what a fault at a time can break in a plain script, which reports nothing: its processes and copies
+PLAIN_SIGNALS = {FaultKind.crash: signal.SIGSEGV, FaultKind.kill: signal.SIGKILL, FaultKind.corrupt_checkpoint: signal.SIGKILL}
+
+
+def _inject_at_time(plan: FaultPlan, launcher: Launcher, handle: AttemptHandle, allocation: Allocation,
+                    checkpoint_uri: str, world_size: int, timeout_s: float) -> Injection:
+    """A fault `plan.at_s` seconds after the attempt's launch: a plain script's ranks are found by
+    the backend (they never report their pids), and a copy to damage must exist first."""
+    record = Injection(kind=plan.kind.value)
+    deadline = time.monotonic() + timeout_s
+    due = handle.started_at + plan.at_s
+    if not wait_while_running(handle, lambda: time.time() >= due, timeout_s):
+        record.detail["skipped"] = f"the attempt ended before {plan.at_s:g}s"
+        return record
+    kind = plan.kind
+    if kind in PLAIN_SIGNALS:
+        rank = plan.target_rank(world_size)
+        pids: dict[int, int] = {}
+
+        def started() -> bool:
+            if isinstance(launcher, KnowsRankProcesses):
+                pids.update(launcher.rank_processes(handle, list(handle.processes)))
+            return rank in pids
+
+        if not wait_while_running(handle, started, max(0.0, deadline - time.monotonic())):
+            record.detail["skipped"] = f"rank {rank} was not running"
+            return record
+        record.target = f"rank {rank} (pid {pids[rank]})"
+        if kind == FaultKind.corrupt_checkpoint:
+            storage = open_storage(checkpoint_uri)
+            if not wait_while_running(handle, lambda: bool(list_committed(storage, allocation.run_id)),
+                                      max(0.0, deadline - time.monotonic())):
+                record.detail["skipped"] = "no copy of the script's checkpoint was committed before the attempt ended"
+                return record
+            damaged = corrupt_latest_checkpoint(checkpoint_uri, allocation.run_id)
+            record.detail["damaged"] = damaged
+            record.target = f"{damaged}, then rank {rank} killed so the next attempt must restore"
+        record.detail["at_s"] = round(time.time() - handle.started_at, 3)
+        record.injected_at = time.time()
+        launcher.signal_rank(allocation, pids[rank], PLAIN_SIGNALS[kind])
+    elif kind == FaultKind.preempt:
+        node = plan.target_node(handle.nodes)
+        record.target = f"node {node}"
+        record.detail["at_s"] = round(time.time() - handle.started_at, 3)
+        record.injected_at = time.time()
+        launcher.preempt_node(handle, node)
+    else:
+        raise RuntimeError(f"{kind.value} cannot go in at a time")  # check_plan refuses it first
     record.injected = True
     return record
 

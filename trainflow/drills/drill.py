@@ -11,9 +11,11 @@ import json
 from pathlib import Path
 
 from trainflow.backends import launcher_for
+from trainflow.backends.abilities import KnowsRankProcesses
+from trainflow.checkpoint.catalog import step_of
 from trainflow.drills.chaos import FaultKind, FaultPlan, backend_inability
 from trainflow.home import trainflow_home
-from trainflow.spec import RunSpec, SpecError
+from trainflow.spec import RunSpec, SpecError, WorkloadMode
 
 
 def drill_spec(spec: RunSpec, plan: FaultPlan) -> RunSpec:
@@ -23,9 +25,39 @@ def drill_spec(spec: RunSpec, plan: FaultPlan) -> RunSpec:
     return spec
 
 
+# why a fault cannot go into a plain script, which reports nothing while it runs
+NOT_FOR_PLAIN = {
+    FaultKind.hang: "a plain script reports no progress, so hang detection is off for it",
+    FaultKind.straggler: "a plain script reports no step times, so stragglers are off for it",
+    FaultKind.node_loss: "a plain script sends no heartbeats: a node cut off without exiting is seen only when "
+                         "its peers' collectives time out (parallel.collective_timeout_s)",
+    FaultKind.storage_outage: "a plain script's ranks never use the checkpoint store",
+}
+
+
+def is_plain(spec: RunSpec) -> bool:
+    return spec.workload.mode == WorkloadMode.plain
+
+
 def check_plan(spec: RunSpec, plan: FaultPlan) -> None:
     """Refuse drills that cannot work on this spec, naming the option."""
-    if plan.at_step >= spec.workload.steps:
+    if is_plain(spec):
+        if plan.at_s is None:
+            raise SpecError("--at-s: a plain script reports no steps, so its fault goes in at a time: give --at-s "
+                            "SECONDS after launch")
+        if plan.kind in NOT_FOR_PLAIN:
+            raise SpecError(f"--fault {plan.kind.value}: {NOT_FOR_PLAIN[plan.kind]}")
+        launcher = launcher_for(spec)
+        if plan.kind != FaultKind.preempt and not isinstance(launcher, KnowsRankProcesses):
+            raise SpecError(f"--fault {plan.kind.value}: the {launcher.name} backend cannot name a plain script's "
+                            "rank processes (it does not implement KnowsRankProcesses)")
+        if plan.kind == FaultKind.corrupt_checkpoint and not spec.workload.plain.checkpoint_dir:
+            raise SpecError("--fault corrupt-checkpoint: a plain script's checkpoints are copied only with "
+                            "workload.plain.checkpoint_dir")
+    elif plan.at_s is not None:
+        raise SpecError("--at-s: only for plain scripts (workload.mode: plain); a runtime script's fault goes in "
+                        "at a step (--at-step)")
+    elif plan.at_step >= spec.workload.steps:
         raise SpecError(f"--at-step {plan.at_step}: must be before the last step ({spec.workload.steps})")
     if plan.rank is not None and plan.rank >= spec.world_size:
         raise SpecError(f"--rank {plan.rank}: the world size is {spec.world_size}")
@@ -142,11 +174,56 @@ def drill_report(plan: FaultPlan, summary: dict, baseline: dict, torchrun_restar
         "baseline_mlflow_run_id": baseline.get("mlflow_run_id"),
         "prefect_flow_run_id": summary.get("prefect_flow_run_id"),
     }
+    if plan.at_s is not None:
+        return plain_verdict(plan, report, summary, retry, fault)
     report["fault_at_gate"], report["slowest_step_at_fault"] = gate_evidence(fault.get("detail") or {})
     report["newest_checkpoint_before_fault"] = newest_before_fault(plan, report, summary, fault, every_steps)
     report["broken_rules"] = broken_rules(plan, report, every_steps)
     report["passed"] = not report["broken_rules"]
     return report
+
+
+def plain_verdict(plan: FaultPlan, report: dict, summary: dict, retry: dict | None, fault: dict) -> dict:
+    """A drill of a plain script, by what plain mode can prove: the fault went in, was detected as
+    its own kind, the retry restored the newest copy committed before it (never a damaged one),
+    the run succeeded and released everything. No steps and no parameter hash to compare."""
+    detail = fault.get("detail") or {}
+    report["at_s"], report["injected_at_s"] = plan.at_s, detail.get("at_s")
+    report["params_match_baseline"] = None
+    report["resumed_from"] = retry.get("resumed_from") if retry else None
+    damaged = str(detail.get("damaged", ""))
+    injected_at = fault.get("injected_at") or 0.0
+    before = [c for c in summary.get("checkpoints", []) if c.get("verified") and c.get("committed_at") is not None
+              and c["committed_at"] < injected_at and not (damaged and damaged.startswith(_prefix_of(c["uri"])))]
+    report["newest_copy_before_fault"] = max(before, key=lambda c: c["step"])["uri"] if before else None
+    report["damaged"] = damaged or None
+    broken = []
+    if not report["injected"]:
+        broken.append("the fault was never injected" + (f": {detail['skipped']}" if detail.get("skipped") else ""))
+    if report["status"] != "succeeded":
+        broken.append(f"the run did not succeed: {report.get('reason')}")
+    if not report["resources_released"]:
+        broken.append("resources were left behind")
+    expected = EXPECTED_OUTCOME[plan.kind]
+    if report["outcomes"] != [expected, "SUCCEEDED"]:
+        broken.append(f"attempts were {report['outcomes']}, expected {[expected, 'SUCCEEDED']}")
+    if report["detected_kind"] != expected:
+        broken.append(f"detected as {report['detected_kind']}, expected {expected}")
+    newest, resumed = report["newest_copy_before_fault"], report["resumed_from"]
+    if newest is not None and (resumed is None or (step_of(resumed + "/") or 0) < (step_of(newest + "/") or 0)):
+        broken.append(f"resumed from {resumed or 'nothing'}, not from the newest copy committed before the fault "
+                      f"({newest})")
+    if damaged and resumed and damaged.startswith(_prefix_of(resumed)):
+        broken.append(f"resumed from the damaged copy {resumed}")
+    report["broken_rules"] = broken
+    report["passed"] = not broken
+    return report
+
+
+def _prefix_of(uri: str) -> str:
+    """`<run id>/step-<n>/` of a checkpoint's URI, as a damaged file's key begins."""
+    parts = uri.rstrip("/").split("/")
+    return "/".join(parts[-2:]) + "/"
 
 
 def phases_line(phases: dict | None) -> str:

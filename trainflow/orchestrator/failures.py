@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import signal
+import time
 from dataclasses import dataclass
 
 from trainflow.backends.base import NodeExit
 from trainflow.contracts import AttemptResult, Outcome
 from trainflow.contracts.exit_codes import ORCHESTRATOR_LOST as EXIT_ORCHESTRATOR_LOST
+from trainflow.contracts.exit_codes import STORE_UNREACHABLE
 from trainflow.spec import FaultTolerance
 from trainflow.orchestrator.status import AttemptStatus
 
@@ -46,6 +49,7 @@ class RankFailure:
     error: dict | None = None  # the rank's own error report
     exitcode: int | None = None  # negative: killed by that signal; None: died, code unknown
     stderr_tail: tuple[str, ...] = ()
+    error_line: str = ""  # the exception line of torchrun's error file for that rank, if it wrote one
 
     @property
     def who(self) -> str:
@@ -55,6 +59,28 @@ class RankFailure:
 def last_line(lines: tuple[str, ...] | list[str]) -> str:
     """The script's own last word: the final line of its stderr."""
     return lines[-1].strip()[:500] if lines else ""
+
+
+_RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]: ?")
+_TRACEBACK = "Traceback (most recent call last):"
+# an exception's own line ("RuntimeError: ...", "torch.OutOfMemoryError: ...") or an error a
+# program prints before it exits ("train.py: error: argument --lr: ...")
+_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b|.*\berror\b)", re.I)
+
+
+def exception_line(lines: tuple[str, ...] | list[str]) -> str:
+    """The line that says why a rank failed: the exception line ending its last traceback, else the
+    last line that reads as an error; "" when there is none (never a warning or a source line)."""
+    cleaned = [_RANK_PREFIX.sub("", line).rstrip() for line in lines]
+    starts = [i for i, line in enumerate(cleaned) if line.strip() == _TRACEBACK]
+    if starts:
+        for line in cleaned[starts[-1] + 1:]:
+            if line and not line[0].isspace():
+                return line.strip()[:500]
+    for line in reversed(cleaned):
+        if line and not line[0].isspace() and _ERROR_LINE.match(line) and "Warning" not in line:
+            return line.strip()[:500]
+    return ""
 
 
 def rank_failures(exits: list[NodeExit], status: AttemptStatus) -> list[RankFailure]:
@@ -85,7 +111,7 @@ def rank_failures(exits: list[NodeExit], status: AttemptStatus) -> list[RankFail
             failure = RankFailure(
                 rank_exit.rank, node_exit.node, known.at if known else rank_exit.observed_at,
                 error=known.error if known else None, exitcode=rank_exit.exitcode,
-                stderr_tail=rank_exit.stderr_tail,
+                stderr_tail=rank_exit.stderr_tail, error_line=rank_exit.error_line,
             )
             echo = known is None and is_peer_failure({"message": last_line(rank_exit.stderr_tail)})
             (echoes if echo else found)[rank_exit.rank] = failure
@@ -101,7 +127,18 @@ def rank_failures(exits: list[NodeExit], status: AttemptStatus) -> list[RankFail
     return sorted(found.values(), key=lambda f: (f.at is None, f.at or 0.0, f.node, f.rank or 0))
 
 
-def describe_failure(failure: RankFailure, status: AttemptStatus, plain: bool) -> tuple[Outcome, str]:
+@dataclass(frozen=True)
+class PlainWindow:
+    """How a plain script's non-zero exit is judged: within `startup_window_s` of the attempt's
+    launch (`started_at`) it is the script's own mistake, after it a crash worth a retry."""
+
+    started_at: float
+    startup_window_s: float
+
+
+def describe_failure(
+    failure: RankFailure, status: AttemptStatus, plain: bool, window: PlainWindow | None = None
+) -> tuple[Outcome, str]:
     """The outcome one failure implies, and a reason that quotes the evidence."""
     error, code = failure.error, failure.exitcode
     if error is not None:
@@ -110,9 +147,12 @@ def describe_failure(failure: RankFailure, status: AttemptStatus, plain: bool) -
                       f"{error.get('message')}")
     ranked = status.ranks.get(failure.rank) if failure.rank is not None else None
     at_step = f" at step {ranked.step}" if ranked is not None and status.first_step_at else ""
-    quoted = f"; its last stderr line: {last_line(failure.stderr_tail)}" if failure.stderr_tail else ""
+    said = exception_line(failure.stderr_tail) or failure.error_line
+    quoted = f": {said}" if said else ""
     if code == EXIT_ORCHESTRATOR_LOST:
         return Outcome.INFRA, f"{failure.who} lost the orchestrator"
+    if code == STORE_UNREACHABLE:
+        return Outcome.INFRA, f"{failure.who} could not restore the script's checkpoint from the store"
     if code is None:
         return Outcome.CRASHED, f"a worker on node {failure.node} died"
     if code < 0:
@@ -121,10 +161,19 @@ def describe_failure(failure: RankFailure, status: AttemptStatus, plain: bool) -
         kind = Outcome.KILLED if -code == signal.SIGKILL else Outcome.CRASHED  # SIGKILL: the OOM killer's
         subject = f"a worker on node {failure.node}" if failure.rank is None else failure.who
         return kind, f"{subject} was killed by {signal_name(-code)}{at_step}"  # its stderr: in the evidence
-    if plain or status.first_step_at is None:
+    if plain:
+        if window is None:
+            return Outcome.USER_ERROR, f"{failure.who} exited with code {code}{quoted}"
+        after_s = max(0.0, (failure.at or time.time()) - window.started_at)
+        if after_s <= window.startup_window_s:
+            # still starting: a bad argument, a missing file, an import error -- the script's to fix
+            return Outcome.USER_ERROR, (f"{failure.who} exited with code {code} {after_s:.0f}s after launch, within "
+                                        f"fault_tolerance.plain_startup_window_s ({window.startup_window_s:g}s)"
+                                        f"{quoted}")
+        return Outcome.CRASHED, f"{failure.who} exited with code {code} {after_s:.0f}s after launch{quoted}"
+    if status.first_step_at is None:
         # nothing trained yet: a bad argument, a missing file, an import error -- the script's to fix
-        when = "" if plain else " before its first step"
-        return Outcome.USER_ERROR, f"{failure.who} exited with code {code}{when}{quoted}"
+        return Outcome.USER_ERROR, f"{failure.who} exited with code {code} before its first step{quoted}"
     return Outcome.CRASHED, f"{failure.who} exited with code {code}{at_step}{quoted}"
 
 
@@ -143,7 +192,8 @@ def stopped_by_sigterm(node_exit: NodeExit) -> bool:
 
 
 def classify_exit(
-    exits: list[NodeExit], status: AttemptStatus, world_size: int | None = None, plain: bool = False
+    exits: list[NodeExit], status: AttemptStatus, world_size: int | None = None, plain: bool = False,
+    window: PlainWindow | None = None,
 ) -> tuple[Outcome, str]:
     """The outcome of an attempt that ended because its processes exited.
 
@@ -173,18 +223,25 @@ def classify_exit(
             f"preempted (SIGTERM to rank {status.preempted.get('rank')}): emergency checkpoint at step "
             f"{status.preempted.get('step')} committed" + (f"; {sender}" if sender else "")
         )
+    if plain and (stopped := [e.node for e in failed if stopped_by_sigterm(e)]):
+        # a plain script has no emergency checkpoint: its node was reclaimed, and its peers' errors follow
+        return Outcome.PREEMPTED, f"node {_nodes_named(stopped)} stopped by SIGTERM (reclaimed)"
     causes = rank_failures(exits, status)
     reported = [f for f in causes if f.error is not None]
     if reported and reported[0] is causes[0]:
-        return describe_failure(reported[0], status, plain)
+        return describe_failure(reported[0], status, plain, window)
     for node_exit in sorted(failed, key=lambda e: e.node):
         hinted = getattr(node_exit, "outcome", None)  # a backend's own evidence (a pod OOMKilled, evicted)
         if hinted is not None:
             return hinted, f"node {node_exit.node}: {getattr(node_exit, 'reason', '') or hinted.value}"
     if causes:
-        return describe_failure(causes[0], status, plain)
+        return describe_failure(causes[0], status, plain, window)
     messages = [e.get("message", "") for e in status.errors]
     return Outcome.INFRA, f"communication failed between nodes: {(messages[0] if messages else '')[:300]}"
+
+
+def _nodes_named(nodes: list[int]) -> str:
+    return ", ".join(str(n) for n in sorted(nodes))
 
 
 @dataclass(frozen=True)
@@ -214,7 +271,9 @@ def decide(policy: FaultTolerance, results: list[AttemptResult]) -> Decision:
         return Decision(False, f"{last.outcome.value} is not retried: {last.reason}")
     if len(results) >= 2 and last.outcome != Outcome.PREEMPTED:
         previous = results[-2]
-        if previous.outcome == last.outcome and previous.last_step == last.last_step:
+        # a plain script reports no steps: the same failure from the same restored copy is the loop
+        if (previous.outcome == last.outcome and previous.last_step == last.last_step
+                and previous.resumed_from == last.resumed_from):
             return Decision(
                 False, f"crash loop: {last.outcome.value} twice at step {last.last_step}, stopping ({last.reason})"
             )

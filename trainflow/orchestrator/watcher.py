@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from trainflow.backends import AttemptHandle, Launcher
 from trainflow.backends.abilities import DescribesNodes, DumpsStacks, KnowsRankProcesses, ProbesNodes
-from trainflow.orchestrator.failures import AttemptResult, Outcome, classify_exit, rank_failures
+from trainflow.orchestrator.failures import AttemptResult, Outcome, PlainWindow, classify_exit, rank_failures
 from trainflow.contracts.status_protocol import Checkpoint, Storage
 from trainflow.orchestrator.rules import RULE_EVIDENCE, match_rules, ruled_outcome
 from trainflow.orchestrator.status import AttemptStatus, AttemptSummary, RankReport, StatusServer
@@ -60,6 +60,7 @@ class WatchLimits:
     straggler_steps: int = 5
     startup_timeout_s: float = 600.0
     exit_timeout_s: float = 300.0
+    plain_startup_window_s: float = 60.0
 
     def hang_after(self, status: AttemptSummary) -> float:
         if self.hang_timeout_s is not None:
@@ -224,7 +225,8 @@ class AttemptWatcher:
             time.sleep(0.05)
         self._pump()
         status = self.channel.snapshot()
-        outcome, reason = classify_exit(exits, status, self.world_size, plain=self.plain)
+        window = PlainWindow(self.handle.started_at, self.limits.plain_startup_window_s) if self.plain else None
+        outcome, reason = classify_exit(exits, status, self.world_size, plain=self.plain, window=window)
         # the workers' own word on a preemption or a divergence stands; any other failure's evidence
         # goes through the rules first
         rule = (match_rules(self.fault_tolerance, exits, status)
@@ -241,7 +243,8 @@ class AttemptWatcher:
         if causes:  # the decision's evidence: failed ranks, earliest first, with their last stderr lines
             evidence["failed_ranks"] = [
                 {"rank": f.rank, "node": f.node, "exitcode": f.exitcode, "at": f.at,
-                 "error": (f.error or {}).get("type"), "stderr_tail": list(f.stderr_tail)}
+                 "error": (f.error or {}).get("type"), "stderr_tail": list(f.stderr_tail),
+                 **({"error_file": f.error_line} if f.error_line else {})}
                 for f in causes
             ]
         if rule is not None:

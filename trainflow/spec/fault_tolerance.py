@@ -62,6 +62,12 @@ class FaultTolerance(Section):
         description="From launch to every rank's first step (imports, data, rendezvous, restore); past it "
         "the attempt is HUNG, with stacks. Plain scripts are not limited.",
     )
+    plain_startup_window_s: Annotated[float, Field(ge=0, le=86400)] = Field(
+        default=60.0,
+        title="Plain start-up window (s)",
+        description="Plain scripts: a non-zero exit within this many seconds of launch is USER_ERROR (a bad "
+        "argument, a missing file, an import error); after it, CRASHED and retried within max_restarts.",
+    )
     exit_timeout_s: Annotated[float, Field(gt=0, le=86400)] = Field(
         default=300.0,
         title="Exit timeout (s)",

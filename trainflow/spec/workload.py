@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from trainflow.section import Section
 
@@ -13,6 +13,29 @@ from trainflow.section import Section
 class WorkloadMode(str, Enum):
     runtime = "runtime"  # the script uses trainflow.runtime: progress, checkpoints, exact resume, ...
     plain = "plain"  # a plain torchrun script: launched and watched by its exits only
+
+
+class PlainScript(Section):
+    """A plain script's own checkpoints: where it writes them and how it is told to resume."""
+
+    checkpoint_dir: str | None = Field(
+        default=None, title="Checkpoint folder",
+        description="The folder the script checkpoints into (relative to its working directory on each node, "
+        "or absolute). trainflow copies it to checkpoint.uri, verified like its own checkpoints, and restores "
+        "the newest verified copy there on every node before a retry.",
+    )
+    resume_args: list[str] = Field(
+        default_factory=list, title="Resume arguments",
+        description="Arguments appended to workload.args when a copy was restored (e.g. --init_from=resume).",
+    )
+
+    @model_validator(mode="after")
+    def _resume_needs_a_folder(self) -> PlainScript:
+        if self.resume_args and not self.checkpoint_dir:
+            raise ValueError("workload.plain.resume_args needs workload.plain.checkpoint_dir")
+        if self.checkpoint_dir is not None and not self.checkpoint_dir.strip():
+            raise ValueError("workload.plain.checkpoint_dir is empty")
+        return self
 
 
 class Workload(Section):
@@ -45,3 +68,14 @@ class Workload(Section):
         "that never imports it (launched and watched by its exits; progress, hang detection, checkpoints, "
         "divergence and stragglers are off).",
     )
+    plain: PlainScript = Field(
+        default_factory=PlainScript, title="Plain script",
+        description="workload.mode: plain only: the script's own checkpoint folder and resume arguments.",
+    )
+
+    @model_validator(mode="after")
+    def _plain_only(self) -> Workload:
+        if self.plain.checkpoint_dir and self.mode != WorkloadMode.plain:
+            raise ValueError("workload.plain.checkpoint_dir needs workload.mode: plain (a runtime script "
+                             "checkpoints through trainflow.runtime)")
+        return self

@@ -49,7 +49,7 @@ from trainflow.backends.kubernetes.workloads import JOB_API, PYTORCH_CONTAINER, 
 from trainflow.backends.worker import secret_environment
 from trainflow.repro.environment import PROJECT_ROOT
 from trainflow.private_files import private_folder
-from trainflow.spec import RunSpec
+from trainflow.spec import RunSpec, SpecError
 
 __all__ = ["KubernetesLauncher", "LaunchError", "ProvisionError"]
 
@@ -94,6 +94,12 @@ class KubernetesLauncher:
         if self._cluster is None:
             self._cluster = KubeCluster()
         return self._cluster
+
+    def preflight(self, spec: RunSpec) -> None:
+        """What this backend cannot do, refused before anything is provisioned."""
+        if spec.workload.plain.checkpoint_dir:
+            raise SpecError("workload.plain.checkpoint_dir is not available on the kubernetes backend: its pods "
+                            "run torchrun without trainflow's node agent, which copies and restores the folder")
 
     # provision ------------------------------------------------------------------------------
 

@@ -34,7 +34,9 @@ from trainflow.backends.ports import free_port, is_listening
 from trainflow.backends.rank_records import RECORDS_ENV, read_exits, read_ranks, records_path
 from trainflow.backends.store_sockets import LISTEN_FD_ENV, listening_socket
 from trainflow.backends.processes import describe, job_processes, signal_session, terminate, wait_until_gone
-from trainflow.backends.torchrun_report import failed_ranks, log_tail, root_cause_exitcode, stderr_tail
+from trainflow.backends.torchrun_report import (
+    error_file_line, failed_ranks, log_tail, root_cause_exitcode, stderr_tail,
+)
 from trainflow.backends.worker import worker_config
 from trainflow.capacity import local_capacity_problem
 from trainflow.home import runs_root
@@ -174,7 +176,8 @@ class LocalLauncher:
         """The agent's own account of each failed rank, with that rank's last stderr lines."""
         log_dir = torchrun_log_dir(handle.logs[node].parent, node)
         return tuple(
-            replace(failed, stderr_tail=tuple(stderr_tail(log_dir, failed.local_rank)))
+            replace(failed, stderr_tail=tuple(stderr_tail(log_dir, failed.local_rank)),
+                    error_line=error_file_line(log_dir, failed.local_rank))
             for failed in failed_ranks(handle.logs[node])
         )
 
