@@ -44,6 +44,23 @@ def _call(url: str, body: dict | None = None):
         raise PrefectApiError(f"{url}: {exc}") from None
 
 
+def unreachable_server() -> str | None:
+    """Why PREFECT_API_URL's server cannot run a flow (nothing answers its health check), or None
+    (the variable unset: a temporary server is started instead)."""
+    api = api_url()
+    if not api:
+        return None
+    try:
+        with urllib.request.urlopen(f"{api.rstrip('/')}/health", timeout=TIMEOUT_S):
+            return None
+    except urllib.error.HTTPError as exc:
+        reason = f"HTTP {exc.code}"
+    except (OSError, ValueError) as exc:
+        reason = str(getattr(exc, "reason", exc))
+    return (f"PREFECT_API_URL: no Prefect server answers at {api} ({reason}); start it, or unset "
+            "PREFECT_API_URL to use a temporary server")
+
+
 def team_limits(api: str, teams: list[str]) -> dict[str, int]:
     """Each team's device limit where a `trainflow-team-<team>` limit exists."""
     limits = {}

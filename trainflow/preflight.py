@@ -9,6 +9,7 @@ from trainflow.backends import launcher_for
 from trainflow.backends.abilities import ChecksSpec
 from trainflow.checkpoint.storage import StorageError, open_storage
 from trainflow.home import resolve_checkpoint_uri
+from trainflow.prefect_api import unreachable_server
 from trainflow.spec import RunSpec, SpecError
 
 
@@ -28,6 +29,9 @@ def preflight(spec: RunSpec) -> None:
     launcher = launcher_for(spec)
     if isinstance(launcher, ChecksSpec):
         launcher.preflight(spec)
+    problem = unreachable_server()
+    if problem:
+        raise SpecError(problem)
     # last: checking a local checkpoint folder creates it
     try:
         open_storage(resolve_checkpoint_uri(spec.checkpoint.uri)).check()
