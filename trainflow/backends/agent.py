@@ -20,9 +20,10 @@ def main() -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun
 
-    from trainflow.backends import rank_records, quick_rendezvous
+    from trainflow.backends import bounded_output, rank_records, quick_rendezvous
 
     quick_rendezvous.install_from_environment()
+    bounded_output.install_from_environment()
     rank_records.install_from_environment()
 
     code = 0
@@ -39,6 +40,7 @@ def main() -> None:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+        bounded_output.close_installed()  # what the ranks wrote last is in the node log before it ends
         os._exit(code)
 
 

@@ -21,6 +21,7 @@ from trainflow.backends.local.agent_command import (
     LOOPBACK,
     agent_command,
     agent_environment,
+    output_environment,
     torchrun_arguments,
     torchrun_log_dir,
 )
@@ -113,7 +114,7 @@ class LocalLauncher:
             config = worker_config(spec, allocation.run_id, plan, node, node_scratch)
             config_path = config.write(attempt_dir / f"node-{node}.json")
             log_path = attempt_dir / f"node-{node}.log"
-            env = agent_environment(spec, allocation, node, config_path)
+            env = agent_environment(spec, allocation, node, config_path) | output_environment(spec, attempt_dir, node)
             env["TMPDIR"] = str(private_folder(allocation.temp_dir / f"node-{slot}"))
             handle.rank_records[node] = records_path(attempt_dir, node)
             env[RECORDS_ENV] = str(handle.rank_records[node])
