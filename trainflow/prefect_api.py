@@ -44,6 +44,24 @@ def _call(url: str, body: dict | None = None):
         raise PrefectApiError(f"{url}: {exc}") from None
 
 
+def unreachable_server() -> str | None:
+    """Why PREFECT_API_URL's server cannot run a flow (nothing answers there), or None (the variable
+    unset: a temporary server is started instead). Any HTTP answer counts: a server that wants an
+    API key (Prefect Cloud) refuses a health check without one."""
+    api = api_url()
+    if not api:
+        return None
+    try:
+        with urllib.request.urlopen(f"{api.rstrip('/')}/health", timeout=TIMEOUT_S):
+            return None
+    except urllib.error.HTTPError:
+        return None
+    except (OSError, ValueError) as exc:
+        reason = str(getattr(exc, "reason", exc))
+    return (f"PREFECT_API_URL: no Prefect server answers at {api} ({reason}); start it, or unset "
+            "PREFECT_API_URL to use a temporary server")
+
+
 def team_limits(api: str, teams: list[str]) -> dict[str, int]:
     """Each team's device limit where a `trainflow-team-<team>` limit exists."""
     limits = {}

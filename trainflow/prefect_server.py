@@ -7,12 +7,18 @@ This one runs in a session of its own, dies with the process that started it (th
 parent-death signal), may take as long as a slow host needs to start, and is stopped by its owner
 once everything else is done.
 
+Two commands starting at once on a new PREFECT_HOME would both set up its SQLite database, and one
+of them fails on what the other made. Starting a server takes a file lock in PREFECT_HOME until it
+answers, so the first sets the database up and the next starts on it. Both keep that one database
+(not one each): it is where a person reopens the runs in the Prefect UI afterwards.
+
 Run as `python -m trainflow.prefect_server PARENT_PID PORT` by `TemporaryServer.start()`.
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import signal
 import subprocess
@@ -21,6 +27,9 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from trainflow.backends.ports import free_port
 
@@ -29,6 +38,7 @@ STARTUP_TIMEOUT_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"  # Pref
 STOP_GRACE_S = 10.0
 PORT_ATTEMPTS = 3
 PR_SET_PDEATHSIG = 1
+SETUP_LOCK = ".trainflow-server-setup.lock"
 
 
 class ServerError(RuntimeError):
@@ -63,6 +73,10 @@ class TemporaryServer:
 
     def _start(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
+        with _setup_lock(deadline, timeout_s):
+            self._start_by(deadline, timeout_s)
+
+    def _start_by(self, deadline: float, timeout_s: float) -> None:
         for _ in range(PORT_ATTEMPTS):
             self.port = free_port()
             self.process = subprocess.Popen(
@@ -94,9 +108,11 @@ class TemporaryServer:
 
     def _failure(self, timeout_s: float) -> str:
         tail = " | ".join(line for line in self._log_tail().splitlines()[-3:] if line.strip())
-        return (f"the temporary Prefect server did not answer within {timeout_s:g} s "
-                f"(raise {STARTUP_TIMEOUT_ENV}, or set PREFECT_API_URL to a running server)"
-                + (f": {tail}" if tail else ""))
+        code = self.process.poll() if self.process is not None else None
+        what = (f"exited with code {code} before it answered" if code is not None else
+                f"did not answer within {timeout_s:g} s (raise {STARTUP_TIMEOUT_ENV}, or set PREFECT_API_URL "
+                "to a running server)")
+        return f"the temporary Prefect server {what}" + (f": {tail}" if tail else "")
 
     def _log_tail(self) -> str:
         self._log.flush()
@@ -116,6 +132,32 @@ class TemporaryServer:
                 process.kill()
                 process.wait()
         self._log.close()
+
+
+def prefect_home() -> Path:
+    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+
+
+@contextmanager
+def _setup_lock(deadline: float, timeout_s: float) -> Iterator[None]:
+    """PREFECT_HOME's set-up lock, held until the server answers (waited for until `deadline`)."""
+    home = prefect_home()
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / SETUP_LOCK, "a") as lock:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise ServerError(f"the temporary Prefect server did not start within {timeout_s:g} s: another "
+                                      f"command was setting up {home}'s database all that time (raise "
+                                      f"{STARTUP_TIMEOUT_ENV})") from None
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _server_environment() -> dict[str, str]:

@@ -10,6 +10,7 @@ from trainflow.backends.abilities import ChecksSpec
 from trainflow.checkpoint.storage import StorageError, open_storage
 from trainflow.entrypoint_check import compile_problem, imports_runtime
 from trainflow.home import resolve_checkpoint_uri
+from trainflow.prefect_api import unreachable_server
 from trainflow.spec import RunSpec, SpecError, WorkloadMode
 
 
@@ -35,6 +36,9 @@ def preflight(spec: RunSpec) -> None:
     launcher = launcher_for(spec)
     if isinstance(launcher, ChecksSpec):
         launcher.preflight(spec)
+    problem = unreachable_server()
+    if problem:
+        raise SpecError(problem)
     # last: checking a local checkpoint folder creates it
     try:
         open_storage(resolve_checkpoint_uri(spec.checkpoint.uri)).check()

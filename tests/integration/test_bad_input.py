@@ -3,12 +3,14 @@ created: no TRAINFLOW_HOME (so no MLflow run, no run folder), no Prefect server,
 
 from __future__ import annotations
 
+import json
 import os
 
 import psutil
 import pytest
 
 from tests.integration.conftest import run_cli
+from trainflow.backends.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -89,4 +91,37 @@ def test_bad_input_exits_2_with_one_line_and_creates_nothing(tmp_path, case):
     assert len(lines) == 1 and expected in lines[0], result.stderr[-3000:]
     assert not home.exists(), sorted(str(p) for p in home.rglob("*"))
     assert not prefect_home.exists()
+    assert _processes_of(str(home)) == []
+
+
+def _refused(result, expected: str) -> dict:
+    """A refusal with --json: exit 2, one line on stderr, and stdout ending with its JSON line."""
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], result.stderr[-3000:]
+    answer = json.loads(result.stdout.strip().splitlines()[-1])
+    assert answer == {"status": "invalid", "error": lines[0].removeprefix("trainflow: ")}
+    return answer
+
+
+@pytest.mark.parametrize("case", ["spec is a directory", "more cores than the machine"])
+def test_bad_input_with_json_ends_stdout_with_an_invalid_status_line(tmp_path, case):
+    (tmp_path / "a-folder").mkdir()
+    home = tmp_path / "home"
+    env = {**os.environ, "TRAINFLOW_HOME": str(home), "PREFECT_HOME": str(tmp_path / "prefect")}
+    env.pop("PREFECT_API_URL", None)
+    args, expected = CASES[case]
+
+    _refused(run_cli([*args(tmp_path), "--json"], env, timeout_s=120), expected)
+    assert not home.exists()
+
+
+def test_an_unreachable_prefect_server_is_bad_input_and_nothing_is_created(tmp_path):
+    home = tmp_path / "home"
+    env = {**os.environ, "TRAINFLOW_HOME": str(home), "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}
+
+    answer = _refused(run_cli(["run", SPEC, "--json"], env, timeout_s=120), "PREFECT_API_URL: no Prefect server answers")
+
+    assert "Connection refused" in answer["error"]
+    assert not home.exists(), sorted(str(p) for p in home.rglob("*"))  # no checkpoints/, no mlflow.db
     assert _processes_of(str(home)) == []

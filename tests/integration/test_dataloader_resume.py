@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import job_processes, run_cli, summary_of, unique_prefix
-from trainflow.backends.job_tmp import job_temp_dir
+from trainflow.backends.job_tmp import PREFIX as JOB_TMP_PREFIX
 
 pytestmark = pytest.mark.integration
 
@@ -70,5 +70,6 @@ def test_ranks_stopped_with_their_loader_workers_leave_no_temporary_files(cli_en
     summary = summary_of(result)
     assert [a["outcome"] for a in summary["attempts"]] == ["CRASHED"], summary["attempts"]
     assert job_processes(summary["run_id"]) == []
-    assert not job_temp_dir(summary["run_id"]).exists()
+    temp_dirs = [Path(p) for p in summary["teardown"]["removed_paths"] if Path(p).name.startswith(JOB_TMP_PREFIX)]
+    assert len(temp_dirs) == 1 and not temp_dirs[0].exists(), summary["teardown"]
     assert multiprocessing_folders() - before == set()

@@ -377,9 +377,7 @@ def test_every_failed_rank_is_read_from_torchruns_failure_report(tmp_path):
 def test_a_ranks_stderr_tail_leaves_out_torchs_info_lines(tmp_path):
     from trainflow.backends.torchrun_report import stderr_tail
 
-    folder = tmp_path / "digits-1_abc" / "attempt_0" / "1"
-    folder.mkdir(parents=True)
-    (folder / "stderr.log").write_text(
+    (tmp_path / "rank-1.stderr").write_text(
         "usage: train.py [-h]\n[I1201 09:56:48.959 ProcessGroupGloo.cpp:760] Gloo connected\n"
         "[rank3]:[I1201 10:20:16.162133755 reducer.cpp:1228] Reducer: comm-optimized memory allocator not found\n"
         "train.py: error: argument --hidden: invalid int value: 'notanumber'\n\n"

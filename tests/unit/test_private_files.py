@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from trainflow.private_files import open_private, private_folder, write_private
+from trainflow.private_files import UnsafeFolder, open_private, private_folder, write_private
 from trainflow.worker_config import WorkerConfig
 
 
@@ -63,3 +66,58 @@ def test_private_folder_leaves_existing_parents_alone(tmp_path, permissive_umask
     tmp_path.chmod(0o755)
     private_folder(tmp_path / "runs" / "abc")
     assert mode(tmp_path) == 0o755 and mode(tmp_path / "runs" / "abc") == 0o700
+
+
+needs_nobody = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser"), reason="needs root and runuser")
+
+
+@pytest.fixture
+def shared_tmp():
+    """A folder every user can write to, like the system's temporary folder."""
+    folder = Path(tempfile.mkdtemp())
+    folder.chmod(0o1777)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@needs_nobody
+def test_a_folder_another_user_made_first_is_refused_not_used(shared_tmp):
+    planted = shared_tmp / "trainflow-run"
+    subprocess.run(["runuser", "-u", "nobody", "--", "mkdir", "-m", "0777", str(planted)], check=True)
+    with pytest.raises(UnsafeFolder, match="not by this user"):
+        private_folder(planted)
+    with pytest.raises(UnsafeFolder, match="anyone can replace"):
+        private_folder(planted / "node-0")  # nor a folder made inside it
+    assert list(planted.iterdir()) == []
+
+
+def test_a_link_or_a_folder_others_can_write_is_refused_and_a_readable_one_narrowed(tmp_path, permissive_umask):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UnsafeFolder, match="symbolic link"):
+        private_folder(tmp_path / "link")
+    (tmp_path / "open").mkdir(mode=0o777)
+    with pytest.raises(UnsafeFolder, match="others can write"):
+        private_folder(tmp_path / "open")
+    (tmp_path / "readable").mkdir(mode=0o755)
+    assert mode(private_folder(tmp_path / "readable")) == 0o700
+
+
+def test_what_a_run_keeps_in_a_new_home_is_its_owners_alone(tmp_path, monkeypatch, permissive_umask):
+    from trainflow.checkpoint.storage import open_storage
+    from trainflow.home import default_tracking_uri, resolve_checkpoint_uri, runs_root
+    from trainflow.orchestrator.orphans import MARKER, write_marker
+    from trainflow.reporting.tracking import Tracker
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("TRAINFLOW_HOME", str(home))
+    Tracker(default_tracking_uri()).experiment_id("probe")
+    write_marker(runs_root() / "run-1", "run-1", "mlflow-run", default_tracking_uri(), None)
+    storage = open_storage(resolve_checkpoint_uri("checkpoints/digits"))
+    storage.check()
+    storage.put_if_absent("run-1/step-00000001/manifest.json", b"{}")
+
+    assert mode(home) == mode(runs_root()) == mode(runs_root() / "run-1") == 0o700
+    assert mode(home / "mlflow.db") == mode(runs_root() / "run-1" / MARKER) == 0o600
+    for folder in (home / "checkpoints", home / "checkpoints/digits", home / "checkpoints/digits/run-1"):
+        assert mode(folder) == 0o700, folder

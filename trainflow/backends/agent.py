@@ -28,13 +28,14 @@ def main() -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun
 
-    from trainflow.backends import quick_rendezvous, rank_records, store_sockets
+    from trainflow.backends import bounded_output, quick_rendezvous, rank_records, store_sockets
     from trainflow.backends.plain_node import prepare_node
     from trainflow.relay.relay import start_for_node
 
     copies = prepare_node(sys.argv)  # before the records' variable leaves the environment
     quick_rendezvous.install_from_environment()
     store_sockets.install_from_environment()
+    bounded_output.install_from_environment()
     rank_records.install_from_environment()
 
     code = 0
@@ -57,6 +58,7 @@ def main() -> None:
             copies.finish(code)
         sys.stdout.flush()
         sys.stderr.flush()
+        bounded_output.close_installed()  # what the ranks wrote last is in the node log before it ends
         os._exit(code)
 
 

@@ -1,10 +1,9 @@
 """What torchrun's agent says about each of its failed ranks, read back from the files it writes.
 
 When a worker fails, the agent prints a failure report (every failed rank with its exit code and
-the time it was observed, the first one marked as the root cause) into its node log, and, started
-with `--redirects 2 --tee 2 --log-dir DIR`, keeps every local rank's stderr in
-`DIR/<run>/attempt_<n>/<local rank>/stderr.log`. Both survive the processes, so they are evidence
-that does not race.
+the time it was observed, the first one marked as the root cause) into its node log, and keeps every
+local rank's last stderr lines in `DIR/rank-<local rank>.stderr` of its `--log-dir DIR`
+(bounded_output.py). Both survive the processes, so they are evidence that does not race.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from trainflow.backends.base import RankExit
+from trainflow.backends.bounded_output import rank_stderr_path
 
 REPORT_TAIL_BYTES = 64_000
 STDERR_TAIL_BYTES = 16_000
@@ -76,11 +76,8 @@ def failed_ranks(node_log: Path) -> list[RankExit]:
 
 
 def stderr_tail(log_dir: Path, local_rank: int, lines: int = STDERR_TAIL_LINES) -> list[str]:
-    """The last lines a local rank wrote to stderr (newest run and attempt), without torch's INFO chatter."""
-    files = sorted(log_dir.glob(f"*/attempt_*/{local_rank}/stderr.log"), key=lambda p: p.stat().st_mtime)
-    if not files:
-        return []
-    text = _read_tail(files[-1], STDERR_TAIL_BYTES)
+    """The last lines a local rank wrote to stderr, without torch's INFO chatter."""
+    text = _read_tail(rank_stderr_path(log_dir, local_rank), STDERR_TAIL_BYTES)
     kept = [line.rstrip() for line in text.splitlines() if line.strip() and not _CPP_INFO.match(line)]
     return kept[-lines:]
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from trainflow.checkpoint.location import is_s3
+from trainflow.private_files import make_folders
 
 PARTIAL = ".partial-"  # suffix of a file still being written
 
@@ -82,7 +83,7 @@ class LocalStorage:
         target = self._path(key)
         partial = _partial_name(target)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            make_folders(target.parent)  # new folders 0700: a checkpoint is its owner's
             shutil.copyfile(path, partial)
             with open(partial, "rb") as handle:
                 os.fsync(handle.fileno())  # the durable tier: on disk before the manifest names it
@@ -113,7 +114,7 @@ class LocalStorage:
     def put_if_absent(self, key: str, data: bytes) -> None:
         target = self._path(key)
         with _as_storage_error(f"{self.uri}/{key}"):
-            target.parent.mkdir(parents=True, exist_ok=True)
+            make_folders(target.parent)
             partial = _partial_name(target)
             try:
                 with open(partial, "wb") as handle:
@@ -176,9 +177,9 @@ class LocalStorage:
 
     def check(self) -> None:
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            make_folders(self.root)
         except OSError as exc:
-            raise StorageError(f"{self.uri}: cannot create checkpoint directory ({exc.strerror})") from None
+            raise StorageError(f"{self.uri}: cannot create checkpoint directory ({exc.strerror or exc})") from None
         if not os.access(self.root, os.W_OK):
             raise StorageError(f"{self.uri}: checkpoint directory is not writable")
 

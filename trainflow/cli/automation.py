@@ -29,7 +29,7 @@ def automation_install(
     try:
         installed = install(name=name, webhook_url=webhook_url, block=block)
     except AutomationError as exc:
-        fail_input(str(exc))
+        fail_input(str(exc), as_json)
     typer.echo(f"automation {installed['name']} ({installed['automation_id']}) notifies through {installed['block']} "
                f"on {', '.join(installed['events'])}")
     if as_json:

@@ -26,7 +26,7 @@ def bench_checkpoint(
     try:
         figures = run_benchmark(Options(size_mb=size_mb, uri=uri), log=lambda text: typer.echo(text, err=True))
     except BenchError as exc:
-        fail_input(str(exc))
+        fail_input(str(exc), as_json)
     typer.echo(render(figures))
     if as_json:
         typer.echo(json.dumps(figures))

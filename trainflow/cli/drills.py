@@ -41,26 +41,26 @@ def drill(
     from trainflow.preflight import preflight
 
     if rank is not None and node is not None:
-        fail_input("--rank and --node: give one target, not both")
+        fail_input("--rank and --node: give one target, not both", as_json)
     if at_step is not None and at_s is not None:
-        fail_input("--at-step and --at-s: give one moment, not both")
+        fail_input("--at-step and --at-s: give one moment, not both", as_json)
     try:
         plan = FaultPlan(kind=fault, at_step=30 if at_step is None else at_step, at_s=at_s, rank=rank, node=node,
                          duration_s=duration_s, permanent=permanent)
     except ValidationError as exc:
         first = exc.errors()[0]
-        fail_input(f"--{'fault' if first['loc'][0] == 'kind' else first['loc'][0]}: {first['msg']}")
+        fail_input(f"--{'fault' if first['loc'][0] == 'kind' else first['loc'][0]}: {first['msg']}", as_json)
     try:
         spec = load_spec(spec_path, overrides or [])
         check_plan(spec, plan)
         preflight(drill_spec(spec, plan))
     except SpecError as exc:
-        fail_input(str(exc))
+        fail_input(str(exc), as_json)
 
     with orchestrating():
         problem = quota_problem(drill_spec(spec, plan))
         if problem:
-            fail_input(problem)
+            fail_input(problem, as_json)
         from flows.drill import fault_drill
 
         state = fault_drill(spec, plan, fresh_baseline=fresh_baseline, compare_torchrun=compare_torchrun,
@@ -108,12 +108,12 @@ def soak(
         plan_faults(soaked, faults, seed, chosen)
         preflight(spec)
     except SpecError as exc:
-        fail_input(str(exc))
+        fail_input(str(exc), as_json)
 
     with orchestrating():
         problem = quota_problem(soaked)
         if problem:
-            fail_input(problem)
+            fail_input(problem, as_json)
         from flows.soak import soak as soak_flow
 
         state = soak_flow(spec, faults, seed=seed, load=load, load_niceness=load_niceness, kinds=wanted,

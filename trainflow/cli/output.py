@@ -15,8 +15,12 @@ EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 
 
-def fail_input(message: str) -> None:
+def fail_input(message: str, as_json: bool = False) -> None:
+    """Bad input: one line on stderr, exit 2; with `--json`, stdout still ends with one JSON line,
+    `{"status": "invalid", "error": ...}`, for whatever reads it."""
     typer.echo(f"trainflow: {message}", err=True)
+    if as_json:
+        typer.echo(json.dumps({"status": "invalid", "error": message}))
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
@@ -47,7 +51,7 @@ def finish(state, as_json: bool) -> None:
         typer.echo(f"trainflow: the lifecycle crashed: {state.message}", err=True)
         raise typer.Exit(EXIT_FAILED)
     if summary["status"] == "refused":  # a rerun whose code or environment drifted: nothing ran
-        fail_input(summary["reason"])
+        fail_input(summary["reason"], as_json)
     print_summary(summary)
     if as_json:
         from trainflow.contracts import RunSummary

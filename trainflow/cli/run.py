@@ -30,12 +30,12 @@ def run(
         spec = load_spec(spec_path, overrides or [])
         preflight(spec)
     except SpecError as exc:
-        fail_input(str(exc))
+        fail_input(str(exc), as_json)
 
     with orchestrating():
         problem = quota_problem(spec)
         if problem:
-            fail_input(problem)
+            fail_input(problem, as_json)
         run_id = new_run_id(spec)
         with head_start(spec, run_id):
             from flows.lifecycle import training_lifecycle
@@ -77,14 +77,14 @@ def rerun(
         drift = check_rerun(recorded)
         preflight(recorded.spec)
     except (RerunError, SpecError, EnvironmentMismatch) as exc:
-        fail_input(str(exc))
+        fail_input(str(exc), as_json)
     if drift and not allow_drift:
-        fail_input(refusal(recorded, drift))
+        fail_input(refusal(recorded, drift), as_json)
 
     with orchestrating():
         problem = quota_problem(recorded.spec)
         if problem:
-            fail_input(problem)
+            fail_input(problem, as_json)
         from flows.rerun import rerun_training
 
         with live_progress():

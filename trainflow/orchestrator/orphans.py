@@ -13,17 +13,19 @@ from pathlib import Path
 
 import psutil
 
-from trainflow.backends.job_tmp import job_temp_dir
+from trainflow.backends.job_tmp import remove_job_temp_dir
 from trainflow.backends.processes import job_processes, terminate
 from trainflow.home import runs_root
+from trainflow.private_files import private_folder, write_private
 
 MARKER = "orchestrator.json"
 
 
 def write_marker(scratch: Path, run_id: str, mlflow_run_id: str, tracking_uri: str, network: dict | None) -> None:
-    scratch.mkdir(parents=True, exist_ok=True)
+    private_folder(scratch)
     proc = psutil.Process()
-    (scratch / MARKER).write_text(
+    write_private(
+        scratch / MARKER,
         json.dumps(
             {
                 "run_id": run_id,
@@ -84,8 +86,8 @@ def _clear(run_id: str, scratch: Path, network: dict | None) -> int:
         from trainflow.backends.netns import NodeNetwork
 
         NodeNetwork.from_record(network).destroy()
+    remove_job_temp_dir(scratch)
     shutil.rmtree(scratch, ignore_errors=True)
-    shutil.rmtree(job_temp_dir(run_id), ignore_errors=True)
     return len(leftovers)
 
 

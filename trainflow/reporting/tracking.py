@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from trainflow.home import artifacts_root, default_tracking_uri
 from trainflow.orchestrator.interrupts import signals_deferred
+from trainflow.private_files import make_folders, open_private
 from trainflow.spec import RunSpec
 
 PARENT_TAG = "mlflow.parentRunId"
@@ -67,10 +69,12 @@ def store_setup(uri: str) -> Iterator[None]:
         yield
         return
     database = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
-    database.parent.mkdir(parents=True, exist_ok=True)
-    with open(database.with_name(database.name + ".setup-lock"), "a") as lock:
+    make_folders(database.parent)
+    with open(open_private(database.with_name(database.name + ".setup-lock"), append=True), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
+            if not database.exists():  # 0600; SQLite gives its journal and WAL files the database's mode
+                os.close(open_private(database, append=True))
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)

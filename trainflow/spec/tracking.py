@@ -34,3 +34,10 @@ class Tracking(Section):
         description="Script metrics recorded as their mean over a step-metrics interval, like loss; "
         "any other metric is recorded as its last value (a learning rate is never averaged).",
     )
+    max_node_log_mb: Annotated[float, Field(gt=0, le=1_000_000)] = Field(
+        default=32,
+        title="Node log bound (MiB)",
+        description="What each node's log keeps of an attempt's output (its ranks' stdout and stderr, its "
+        "agent's): the first and the last half of this, with a line saying how much was dropped between "
+        "them; on disk during the run and in MLflow (local backend).",
+    )

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from trainflow.backends.base import AttemptPlan
+from trainflow.backends.bounded_output import LOG_LIMIT_ENV, RANK_STDERR_ENV
 from trainflow.backends.local.allocation import LocalAllocation
 from trainflow.backends.quick_rendezvous import POLL_ENV, poll_interval_s
 from trainflow.backends.worker import secret_environment
@@ -44,11 +45,16 @@ def torchrun_arguments(spec, allocation: LocalAllocation, plan: AttemptPlan, nod
         "--max-restarts", "0",
         "--monitor-interval", "0.1",
         "--local-addr", own_address,
+        # each rank's error file; its output goes through the agent's bounded node log (bounded_output.py)
         "--log-dir", str(torchrun_log_dir(attempt_dir, node)),
-        # each rank's stderr also in a file of its own, so a failure can quote the rank's last lines
-        "--redirects", "2", "--tee", "2",
         spec.workload.entrypoint, *spec.workload.args,
     ]
+
+
+def output_environment(spec, attempt_dir: Path, node: int) -> dict[str, str]:
+    """What bounds a node's log and keeps each rank's last stderr lines (bounded_output.py)."""
+    return {LOG_LIMIT_ENV: str(int(spec.tracking.max_node_log_mb * 2**20)),
+            RANK_STDERR_ENV: str(torchrun_log_dir(attempt_dir, node))}
 
 
 def agent_environment(spec, allocation: LocalAllocation, node: int, config_path: Path) -> dict[str, str]:

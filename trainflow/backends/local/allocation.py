@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from trainflow.backends.base import Allocation
@@ -15,6 +16,7 @@ class LocalAllocation(Allocation):
     sessions: list[int] = field(default_factory=list)  # every attempt's agent sessions, ended at release
     unrecoverable: set[int] = field(default_factory=set)  # node slots that must not come back (drills)
     warm_pools: dict[int, Any] = field(default_factory=dict)  # node slot -> its zygote (warm_pools.WarmPool)
+    temp_dir: Path | None = None  # the run's TMPDIR on this machine (job_tmp.py)
 
     def network_record(self) -> dict | None:
         return self.network.record() if self.network is not None else None

@@ -16,11 +16,12 @@ import psutil
 
 from trainflow.backends import register
 from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, NodeExit, RankExit, ReleaseReport
-from trainflow.backends.job_tmp import job_temp_dir
+from trainflow.backends.job_tmp import create_job_temp_dir, job_temp_dir
 from trainflow.backends.local.agent_command import (
     LOOPBACK,
     agent_command,
     agent_environment,
+    output_environment,
     torchrun_arguments,
     torchrun_log_dir,
 )
@@ -80,6 +81,7 @@ class LocalLauncher:
             scratch=scratch,
             ports={"rendezvous": free_port(LOOPBACK)},
             slots=list(range(spec.resources.nodes)),
+            temp_dir=create_job_temp_dir(scratch),
         )
         if local_config(spec).network == LocalNetwork.namespaces:
             if os.geteuid() != 0 or not shutil.which("ip"):
@@ -129,8 +131,8 @@ class LocalLauncher:
             config = worker_config(spec, allocation.run_id, plan, node, node_scratch)
             config_path = config.write(attempt_dir / f"node-{node}.json")
             log_path = attempt_dir / f"node-{node}.log"
-            env = agent_environment(spec, allocation, node, config_path)
-            env["TMPDIR"] = str(private_folder(job_temp_dir(allocation.run_id) / f"node-{slot}"))
+            env = agent_environment(spec, allocation, node, config_path) | output_environment(spec, attempt_dir, node)
+            env["TMPDIR"] = str(private_folder(allocation.temp_dir / f"node-{slot}"))
             handle.rank_records[node] = records_path(attempt_dir, node)
             env[RECORDS_ENV] = str(handle.rank_records[node])
             listen_fd = listener.fileno() if listener is not None and node == 0 else None
@@ -259,6 +261,8 @@ class LocalLauncher:
                 report.survivors.append(f"port {port} ({name}) still listening")
             else:
                 report.released_ports.append(port)
+        temp_dir = allocation.temp_dir or job_temp_dir(allocation.scratch)
         report.remove_folder(allocation.scratch)
-        report.remove_folder(job_temp_dir(allocation.run_id))
+        if temp_dir is not None:
+            report.remove_folder(temp_dir)
         return report

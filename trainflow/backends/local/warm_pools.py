@@ -23,7 +23,7 @@ from pathlib import Path
 from trainflow.backends.warm.child import AGENT, NotForkable
 from trainflow.backends.warm.client import ForkedProcess, ZygoteChannel
 from trainflow.backends.warm.preload import modules_to_preload
-from trainflow.private_files import open_private
+from trainflow.private_files import open_private, private_folder
 from trainflow.spec import WorkloadMode
 from trainflow.worker_config import JOB_ENV
 
@@ -132,7 +132,7 @@ def head_start(spec, env: dict[str, str], folder: Path) -> Iterator[None]:
     """A zygote for a run on the host's network starts now, with `env` (whose job marker is the
     run's id); if no provisioning has taken it when the block ends, it is ended. Its log waits in
     `folder` until a provisioning takes it."""
-    folder.mkdir(parents=True, exist_ok=True)
+    private_folder(folder)  # runs/: nobody else may see a run's id before it starts
     pool = _start(0, _preload(spec), _grace_s(spec), folder / f"{env[JOB_ENV]}.warm.log", env, None)
     _HEAD_START.append(pool)
     try:
