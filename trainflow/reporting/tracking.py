@@ -59,6 +59,16 @@ def spec_params(spec: RunSpec) -> dict[str, str]:
     }
 
 
+def experiment_artifacts(name: str) -> Path:
+    """The folder of an experiment's artifacts: always one folder inside the store's artifact root, whatever
+    the name says (the spec refuses names that are paths; this holds for any name that reaches here)."""
+    root = artifacts_root().resolve()
+    folder = (root / name).resolve()
+    if folder.parent != root:
+        raise ValueError(f"experiment {name[:80]!r}: a name, not a path; its artifacts stay under {root}")
+    return folder
+
+
 @contextmanager
 def store_setup(uri: str) -> Iterator[None]:
     """One process at a time sets up a SQLite store: two runs starting together on a new one would
@@ -91,7 +101,7 @@ class Tracker:
         location = None
         if self.uri.startswith("sqlite:"):
             # A SQLite store would otherwise put artifacts under ./mlruns of whatever the cwd is.
-            location = (artifacts_root() / name).as_uri()
+            location = experiment_artifacts(name).as_uri()
         return self.client.create_experiment(name, artifact_location=location)
 
     def start_run(self, experiment: str, run_name: str, tags: dict[str, str], parent: str | None = None) -> str:
