@@ -51,6 +51,13 @@ class Tracking(Section):
         description="Extra MLflow tags, e.g. owner and team, so device-hours can be attributed. "
         "Tags trainflow writes itself (mlflow.*, trainflow.*, spec_hash, rerun_of, status, ...) are refused.",
     )
+    store_patience_s: Annotated[float, Field(ge=1, le=86400)] = Field(
+        default=120.0,
+        title="Tracking store patience (s)",
+        description="How long the tracking store may refuse writes (locked, disk full, unreachable) while "
+        "training goes on and the writes are retried; past it the attempt is stopped with an emergency "
+        "checkpoint and the run ends INFRA.",
+    )
     step_metrics_every_s: Annotated[float, Field(ge=0, le=3600)] = Field(
         default=0.1,
         title="Step metrics every (s)",
