@@ -7,13 +7,15 @@ from pathlib import Path
 
 from trainflow.backends import launcher_for
 from trainflow.backends.abilities import ChecksSpec
+from trainflow.checkpoint.catalog import latest_verified
 from trainflow.checkpoint.storage import StorageError, open_storage
 from trainflow.home import resolve_checkpoint_uri
 from trainflow.spec import RunSpec, SpecError
 
 
-def preflight(spec: RunSpec) -> None:
-    """Raise SpecError naming the field when the spec cannot run here."""
+def preflight(spec: RunSpec, resume: bool = False) -> None:
+    """Raise SpecError naming the field when the spec cannot run here (with `resume`, from its
+    newest verified checkpoint)."""
     entrypoint = Path(spec.workload.entrypoint)
     if not entrypoint.is_file():
         raise SpecError(f"workload.entrypoint: {entrypoint} not found (relative to {Path.cwd()})")
@@ -30,6 +32,13 @@ def preflight(spec: RunSpec) -> None:
         launcher.preflight(spec)
     # last: checking a local checkpoint folder creates it
     try:
-        open_storage(resolve_checkpoint_uri(spec.checkpoint.uri)).check()
+        storage = open_storage(resolve_checkpoint_uri(spec.checkpoint.uri))
+        storage.check()
+        newest = latest_verified(storage) if resume else None
     except StorageError as exc:
         raise SpecError(f"checkpoint.uri: {exc}") from None
+    if newest is not None and newest.step > spec.workload.steps:
+        raise SpecError(
+            f"workload.steps: {spec.workload.steps}, but --resume would continue from step {newest.step} (the "
+            f"newest verified checkpoint under {spec.checkpoint.uri}); give at least {newest.step} steps"
+        )
