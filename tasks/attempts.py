@@ -73,8 +73,12 @@ def release_attempt(launched: Launched, result: AttemptResult) -> AttemptResult:
         tracker.log_file(child, stderr_file, f"logs/stderr/{stderr_file.parent.name}/local-rank-{local_rank}")
     tracker.set_tags(child, {"reason": result.reason[:5000]})
     tracker.end_run(child, "FINISHED" if result.outcome.value == "SUCCEEDED" else "FAILED")
-    get_run_logger().info("attempt %d released (%d process(es) stopped); its logs: MLflow run %s, artifacts logs/",
-                          result.attempt, stopped, child)
+    if child is None:
+        get_run_logger().warning("attempt %d released (%d process(es) stopped); not recorded: the tracking store "
+                                 "is down (its logs are kept at teardown)", result.attempt, stopped)
+    else:
+        get_run_logger().info("attempt %d released (%d process(es) stopped); its logs: MLflow run %s, artifacts logs/",
+                              result.attempt, stopped, child)
     return result
 
 

@@ -33,7 +33,7 @@ def provision(record: RunRecord, live: LiveRun) -> Provisioned:
     bind_host = launcher.status_bind_host if isinstance(launcher, BindsStatusElsewhere) else allocation.status_host
     channel = StatusServer(host=bind_host, advertise_host=allocation.status_host)
     storage = open_storage(resolve_checkpoint_uri(spec.checkpoint.uri))
-    live.open(launcher, channel, Tracker(record.tracking_uri), storage)
+    live.open(launcher, channel, Tracker(record.tracking_uri, spec.tracking.store_patience_s), storage)
     logger.info(
         "provisioned %d %s node(s) x %d process(es); status channel on %s",
         allocation.nodes, launcher.name, spec.resources.procs_per_node, channel.address,

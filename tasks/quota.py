@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from uuid import UUID
 
 from prefect import get_run_logger
@@ -20,13 +20,14 @@ from tasks import quota_api
 from tasks.records import RunRecord
 from trainflow.orchestrator.interrupts import signals_deferred
 from trainflow.quota import (
-    TEMPORARY_SERVER_ENV, QuotaError, QuotaLease, QuotaNeed, acquired_line, dead_holders, queued_line,
+    LIMIT_PREFIX, TEMPORARY_SERVER_ENV, QuotaError, QuotaLease, QuotaNeed, acquired_line, dead_holders, queued_line,
     remove_lease_file, write_lease_file,
 )
 from trainflow.reporting.tracking import Tracker
 
 POLL_S = 2.0  # how often a queued run asks again; the server's Retry-After can be far longer
 RENEW_EVERY_S = quota_api.LEASE_S / 4
+RELEASE_RETRY_DELAYS_S = (1.0, 2.0, 4.0, 8.0)  # a server restarting answers again within these
 
 
 @dataclass
@@ -35,6 +36,7 @@ class HeldQuota:
 
     run_id: str
     lease: QuotaLease
+    holder: UUID | None = None  # the flow run the server records as the lease's holder
     stop: threading.Event = field(default_factory=threading.Event)
     renewer: threading.Thread | None = None
 
@@ -66,7 +68,8 @@ def wait_for_quota(record: RunRecord) -> HeldQuota | None:
         logger.info(acquired_line(need, limit.devices, held_when_queued, lease.waited_s))
         Tracker(record.tracking_uri).log_metrics(record.mlflow_run_id,
                                                  [("quota_wait_s", round(lease.waited_s, 3), 0, time.time())])
-        held = HeldQuota(run_id=record.run_id, lease=lease)
+        held = HeldQuota(run_id=record.run_id, lease=lease,
+                         holder=UUID(record.prefect_flow_run_id) if record.prefect_flow_run_id else None)
         held.renewer = threading.Thread(target=_renew_until_stopped, args=(held, logger), daemon=True,
                                         name=f"quota-lease-{lease.lease_id[:8]}")
         held.renewer.start()
@@ -98,7 +101,8 @@ def _take_when_free(need: QuotaNeed, record: RunRecord, logger) -> tuple[QuotaLe
             if held_when_queued is None:
                 current = quota_api.read_limit(need.limit)
                 held_when_queued = current.held if current else 0
-                logger.warning("%s; waiting until the team's runs give devices back",
+                logger.warning("%s; waiting until the team's runs give devices back (`trainflow quota list` "
+                               "shows any held by runs that no longer exist)",
                                queued_line(need, held_when_queued, current.devices if current else 0))
             time.sleep(POLL_S)
     return lease, held_when_queued
@@ -111,15 +115,54 @@ def release_quota(held: HeldQuota) -> None:
     if held.renewer is not None:
         held.renewer.join(30)
     logger = get_run_logger()
-    try:
-        quota_api.release(held.lease.lease_id)
-    except Exception as exc:  # noqa: BLE001 - never hide why the run ended; the lease runs out by itself
-        logger.error("quota %s: could not give back %d devices (%s); they return when the lease expires "
-                     "(%g s) or the next run gives them back", held.lease.limit, held.lease.devices, exc,
-                     quota_api.LEASE_S)
-        return
+    lease = held.lease
+    for delay in (*RELEASE_RETRY_DELAYS_S, None):
+        try:
+            how, count = give_back_verified(held)
+            break
+        except Exception as exc:  # noqa: BLE001 - never hide why the run ended; said below
+            if delay is None:
+                logger.error("quota %s: could not give back %d devices (%s: %s); `trainflow quota repair %s` "
+                             "gives back what runs that no longer exist hold", lease.limit, lease.devices,
+                             type(exc).__name__, exc, lease.limit.removeprefix(LIMIT_PREFIX))
+                return
+            logger.warning("quota %s: giving back %d devices failed (%s); retrying in %g s",
+                           lease.limit, lease.devices, exc, delay)
+            time.sleep(delay)
     remove_lease_file(held.run_id)
-    logger.info("quota %s: %d devices given back", held.lease.limit, held.lease.devices)
+    if how == RELEASED:
+        logger.info("quota %s: %d devices given back", lease.limit, lease.devices)
+    elif how == LOST_LEASE:
+        logger.warning("quota %s: %d devices given back directly: the server had lost the run's lease "
+                       "(restarted) while still counting its devices", lease.limit, count)
+    else:
+        logger.warning("quota %s: the server no longer knew the run's lease (it expired) and counts none of its "
+                       "%d devices: nothing to give back", lease.limit, lease.devices)
+
+
+RELEASED, LOST_LEASE, EXPIRED = "released", "lost", "expired"
+
+
+def _own(held: HeldQuota) -> str | None:
+    return str(held.holder) if held.holder else None
+
+
+def give_back_verified(held: HeldQuota) -> tuple[str, int]:
+    """Give the lease's devices back and check that the server did; how, and how many went back:
+    RELEASED, LOST_LEASE (the server forgot the lease in a restart but still counted its devices: they
+    are taken off directly, as many as it counts beyond the other holding runs') or EXPIRED (the server
+    revoked the lease itself, devices included). Raises when it cannot be done."""
+    lease = held.lease
+    if not quota_api.lease_exists(lease.lease_id):
+        counted = quota_api.counted_without_lease(lease.limit, lease.devices, _own(held))
+        if counted:
+            quota_api.give_back_slots(lease.limit, counted)
+            return LOST_LEASE, counted
+        return EXPIRED, 0
+    quota_api.release(lease.lease_id)
+    if quota_api.lease_exists(lease.lease_id):
+        raise RuntimeError(f"the server still holds lease {lease.lease_id} after its release")
+    return RELEASED, lease.devices
 
 
 def _give_back(lease: QuotaLease, run_id: str) -> None:
@@ -139,7 +182,27 @@ def give_back_dead_holders(logger) -> None:
 def _renew_until_stopped(held: HeldQuota, logger) -> None:
     while not held.stop.wait(RENEW_EVERY_S):
         try:
-            quota_api.renew(held.lease.lease_id)
+            if not quota_api.lease_exists(held.lease.lease_id):
+                _lease_again(held, logger)
         except Exception as exc:  # noqa: BLE001 - a missed renewal is retried; the lease outlasts several
             logger.warning("quota %s: lease renewal failed (%s); retrying", held.lease.limit, exc)
+
+
+def _lease_again(held: HeldQuota, logger) -> None:
+    """The server no longer knows the run's lease. Lost in a restart, its devices still count under no
+    lease: take them off, then take a new lease for the run; expired, the server gave them back already:
+    take a new lease. Until one is taken, the renewal and the release check again."""
+    lease = held.lease
+    counted = quota_api.counted_without_lease(lease.limit, lease.devices, _own(held))
+    if counted:
+        quota_api.give_back_slots(lease.limit, counted)
+    lease_id = quota_api.try_acquire(lease.limit, lease.devices, held.holder)
+    if lease_id is None:
+        logger.warning("quota %s: the server lost the run's lease and its %d devices are taken meanwhile; "
+                       "the run goes on without a lease", lease.limit, lease.devices)
+        return
+    held.lease = replace(lease, lease_id=lease_id)
+    write_lease_file(held.run_id, held.lease)
+    logger.warning("quota %s: the server lost the run's lease (restarted); its %d devices are held under a new one",
+                   lease.limit, lease.devices)
 

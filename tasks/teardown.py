@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Callable
 from functools import partial
@@ -51,6 +52,7 @@ def teardown(
                             last_attempt.attempt, stopped, grace_s)
             provisioned.live.close()  # the status channel, and any commit feed still open
             kept = keep_undurable_state(run_id, provisioned, logger)
+            kept += keep_unrecorded_logs(run_id, provisioned, logger)
             report = provisioned.launcher.release(provisioned.allocation).as_dict()
             report["kept_paths"] = kept
             report["status_channel_closed"] = True
@@ -91,6 +93,27 @@ def keep_undurable_state(run_id: str, provisioned: Provisioned,
     return kept
 
 
+def keep_unrecorded_logs(run_id: str, provisioned: Provisioned,
+                         logger: logging.Logger | logging.LoggerAdapter) -> list[str]:
+    """When the tracking store dropped writes, the attempts' logs may be nowhere else: move them out of
+    the scratch that release removes (a rename, which a full disk still allows)."""
+    tracker = provisioned.tracker
+    if not tracker.dropped_writes and tracker.fault() is None:
+        return []
+    destination = trainflow_home() / "kept" / run_id / "logs"
+    kept = []
+    for attempt_dir in sorted(provisioned.allocation.scratch.glob("attempt-*")):
+        try:
+            destination.mkdir(parents=True, exist_ok=True)
+            kept.append(str(shutil.move(str(attempt_dir), str(destination / attempt_dir.name))))
+        except OSError as exc:
+            logger.error("could not keep the logs of %s (%s): %s", attempt_dir.name, run_id, exc)
+    if kept:
+        logger.warning("the tracking store did not record %d write(s): the attempts' logs are kept in %s",
+                       tracker.dropped_writes, destination)
+    return kept
+
+
 def close_tracking(
     spec: RunSpec, run_id: str, record: RunRecord | None, provisioned: Provisioned | None, report: dict,
     finalized: bool, stopped_by: str | None, logger: logging.Logger | logging.LoggerAdapter,
@@ -100,7 +123,7 @@ def close_tracking(
     persist = partial(persist_write, logger=logger)
     experiment = record.experiment if record else spec.tracking.experiment or spec.name
     uri = record.tracking_uri if record else tracking_uri_for(spec)
-    tracker = provisioned.tracker if provisioned else persist(lambda: Tracker(uri))
+    tracker = provisioned.tracker if provisioned else persist(lambda: Tracker(uri, spec.tracking.store_patience_s))
     if tracker is None:
         return
     if record is None:  # stopped while start-tracking ran: the run it may have opened carries run_id

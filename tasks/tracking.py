@@ -47,7 +47,7 @@ def name_flow_run(flow_run_id: str, run_id: str) -> None:
 def start_tracking(spec: RunSpec, resume: bool, run_id: str) -> RunRecord:
     """Open the MLflow run of this lifecycle (tagged with `run_id`) and record what it will compute."""
     uri = tracking_uri_for(spec)
-    tracker = Tracker(uri)
+    tracker = Tracker(uri, spec.tracking.store_patience_s)
     experiment = spec.tracking.experiment or spec.name
     flow_run_id = str(flow_run.id or "")
     if flow_run_id:
@@ -69,6 +69,8 @@ def start_tracking(spec: RunSpec, resume: bool, run_id: str) -> RunRecord:
             **origin_tags(deployment_name()),  # who launched it, from where (trainflow audit)
         },
     )
+    if mlflow_run_id is None:  # nothing is provisioned yet: a run that cannot be recorded does not start
+        raise RuntimeError(f"the tracking store {uri} takes no writes: {tracker.fault() or 'see the log above'}")
     tracker.log_params(mlflow_run_id, spec_params(spec))
     tracker.log_text(mlflow_run_id, spec.to_yaml(), "spec/resolved_spec.yaml")
     if lineage and lineage.drift:

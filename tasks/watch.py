@@ -18,6 +18,7 @@ from trainflow.orchestrator.live import CommitFeed
 from trainflow.orchestrator.status import RankReport
 from trainflow.orchestrator.stragglers import Straggler
 from trainflow.orchestrator.watcher import AttemptWatcher, WatchLimits
+from trainflow.reporting.tracking_writes import metric_name_problem
 
 
 @lifecycle_task(name="watch-attempt", task_run_name="watch-attempt-{launched.handle.attempt}")
@@ -57,7 +58,8 @@ def watch_attempt(launched: Launched, commits: CommitFeed) -> AttemptResult:
         steps = [(step, value) for key, value, step, _ in rows if key == "loss"]
         if steps:
             progress.publish(steps[-1][0], spec.workload.steps, handle.attempt, steps[-1][1])
-        provisioned.tracker.log_metrics(record.mlflow_run_id, rows)
+        for name in provisioned.tracker.log_metrics(record.mlflow_run_id, rows):  # once per name
+            logger.warning("metric %r is not recorded: %s", name, metric_name_problem(name))
         report_progress(record, handle.attempt, rows)  # the UI's progress artifact, rate-limited
 
     watcher = AttemptWatcher(
@@ -82,6 +84,7 @@ def watch_attempt(launched: Launched, commits: CommitFeed) -> AttemptResult:
         final_step=spec.workload.steps,
         plain=spec.workload.mode.value == "plain",
         fault_tolerance=spec.fault_tolerance,
+        tracking_fault=provisioned.tracker.fault,
     )
     copies = None
     if watcher.plain and spec.workload.plain.checkpoint_dir:  # node 0 commits copies of the script's folder
@@ -94,6 +97,9 @@ def watch_attempt(launched: Launched, commits: CommitFeed) -> AttemptResult:
             # a storage outage: the flow may be waiting on the same store to snapshot a commit, and
             # until it releases the attempt the workers would train on past the verdict once it answers
             provisioned.launcher.stop(handle, grace_s=STOP_GRACE_S)
+        if "tracking_store" in result.evidence:
+            # as a stop does: SIGTERM, and the workers save an emergency checkpoint before they exit
+            provisioned.launcher.stop(handle, grace_s=spec.fault_tolerance.preemption_grace_s)
     finally:
         if copies is not None:
             copies.stop()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from trainflow.backends import launcher_for
 from trainflow.backends.abilities import ChecksSpec
+from trainflow.checkpoint.catalog import latest_verified
 from trainflow.checkpoint.storage import StorageError, open_storage
 from trainflow.entrypoint_check import compile_problem, imports_runtime
 from trainflow.home import resolve_checkpoint_uri
@@ -14,8 +15,9 @@ from trainflow.prefect_api import unreachable_server
 from trainflow.spec import RunSpec, SpecError, WorkloadMode
 
 
-def preflight(spec: RunSpec) -> None:
-    """Raise SpecError naming the field when the spec cannot run here."""
+def preflight(spec: RunSpec, resume: bool = False) -> None:
+    """Raise SpecError naming the field when the spec cannot run here (with `resume`, from its
+    newest verified checkpoint)."""
     entrypoint = Path(spec.workload.entrypoint)
     if not entrypoint.is_file():
         raise SpecError(f"workload.entrypoint: {entrypoint} not found (relative to {Path.cwd()})")
@@ -41,6 +43,13 @@ def preflight(spec: RunSpec) -> None:
         raise SpecError(problem)
     # last: checking a local checkpoint folder creates it
     try:
-        open_storage(resolve_checkpoint_uri(spec.checkpoint.uri)).check()
+        storage = open_storage(resolve_checkpoint_uri(spec.checkpoint.uri))
+        storage.check()
+        newest = latest_verified(storage) if resume else None
     except StorageError as exc:
         raise SpecError(f"checkpoint.uri: {exc}") from None
+    if newest is not None and newest.step > spec.workload.steps:
+        raise SpecError(
+            f"workload.steps: {spec.workload.steps}, but --resume would continue from step {newest.step} (the "
+            f"newest verified checkpoint under {spec.checkpoint.uri}); give at least {newest.step} steps"
+        )

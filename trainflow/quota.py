@@ -71,6 +71,50 @@ class QuotaNeed:
 
 
 @dataclass(frozen=True)
+class QuotaNeedOfRun:
+    """What a flow run holds of a limit; `limit` None when its parameters do not say."""
+
+    flow_run_id: str
+    limit: str | None
+    devices: int
+
+
+def need_of_parameters(flow_run_id: str, parameters: dict) -> QuotaNeedOfRun:
+    """A lifecycle flow run's need, from the spec it was started with (as the server stores it)."""
+    try:
+        spec = parameters["spec"]
+        resources = spec.get("resources") or {}
+        team = ((spec.get("tracking") or {}).get("tags") or {}).get(TEAM_TAG) or DEFAULT_TEAM
+        devices = int(resources.get("nodes", 1)) * int(resources.get("procs_per_node", 1))
+        return QuotaNeedOfRun(flow_run_id, limit_name(team), devices)
+    except (KeyError, TypeError, ValueError, AttributeError, QuotaError):
+        return QuotaNeedOfRun(flow_run_id, None, 0)
+
+
+@dataclass(frozen=True)
+class StaleSlots:
+    """Devices a limit counts as held beyond what its holding runs hold: held by runs that no
+    longer exist (a lease the server lost in a restart, a release that never reached it)."""
+
+    limit: str
+    held: int
+    held_by_runs: int
+
+    @property
+    def stale(self) -> int:
+        return max(0, self.held - self.held_by_runs)
+
+
+def stale_slots(held: dict[str, int], holders: list[QuotaNeedOfRun]) -> dict[str, StaleSlots] | None:
+    """Per limit, what it counts against what its holding runs hold; None when a holder's devices are
+    unknown (its spec unreadable), since then nothing can be called stale safely."""
+    if any(holder.limit is None for holder in holders):
+        return None
+    return {name: StaleSlots(name, count, sum(h.devices for h in holders if h.limit == name))
+            for name, count in held.items()}
+
+
+@dataclass(frozen=True)
 class QuotaLease:
     """Devices a run holds under its team's limit, from before provision until after teardown."""
 

@@ -56,10 +56,28 @@ CASES = {
     "a drill's checkpoint that cannot exist yet": (
         lambda tmp: ["drill", SPEC, "--fault", "corrupt-checkpoint", "--at-step", "30"],  # every_steps: 50
         "--at-step 30: corrupt-checkpoint needs a committed checkpoint before the fault"),
+    # tags trainflow writes itself: lineage, the launching user, the run's identity
+    "forged parent run": (lambda tmp: _with('tracking.tags={"mlflow.parentRunId": "0" }'), "tracking.tags: mlflow.parentRunId: reserved"),
+    "forged user": (lambda tmp: _with("tracking.tags={mlflow.user: someone}"), "tracking.tags: mlflow.user: reserved"),
+    "forged rerun": (lambda tmp: _with("tracking.tags={rerun_of: abc}"), "tracking.tags: rerun_of: reserved"),
+    "forged run id": (lambda tmp: _with("tracking.tags={trainflow.run_id: x}"), "tracking.tags: trainflow.run_id: reserved"),
+    "forged status": (lambda tmp: _with("tracking.tags={status: succeeded}"), "tracking.tags: status: reserved"),
+    "experiment at an absolute path": (lambda tmp: _with(f"tracking.experiment={tmp}/elsewhere"), "tracking.experiment: a name, not a path"),
+    "experiment up a folder": (lambda tmp: _with("tracking.experiment=../x"), "tracking.experiment: a name, not a path"),
+    "experiment of 5000 characters": (lambda tmp: _with("tracking.experiment=" + "e" * 5000), "tracking.experiment: 5000 characters"),
+    "experiment with a control character": (lambda tmp: _with('tracking.experiment="a\\tb"'), "tracking.experiment: no control characters"),
+    "a key written twice": (lambda tmp: ["run", _spec_with_a_key_twice(tmp)], "twice.yaml: key 'steps' is written twice"),
 }
 
 PLAIN_SCRIPT = "import torch.distributed as dist\n\ndist.init_process_group('gloo')\ndist.destroy_process_group()\n"
 BROKEN_SCRIPT = "import trainflow.runtime as tf\n\nfor step in range(3)\n    print(step)\n"
+
+
+def _spec_with_a_key_twice(folder) -> str:
+    text = open(SPEC, encoding="utf-8").read().replace("\n  steps:", "\n  steps: 7\n  steps:", 1)
+    assert text.count("steps:") >= 2
+    (folder / "twice.yaml").write_text(text)
+    return str(folder / "twice.yaml")
 
 
 def _processes_of(home: str) -> list[psutil.Process]:

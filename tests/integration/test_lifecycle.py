@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import urllib.request
 
 import pytest
@@ -148,6 +149,15 @@ def test_resume_continues_from_last_committed_step_and_matches_an_uninterrupted_
     assert straight.returncode == 0, straight.stderr[-4000:]
     assert summary_of(straight)["params_sha256"] == summary["params_sha256"]
     assert (tmp_path / "straight" / "mlflow.db").exists()
+
+
+def test_resume_from_past_the_specs_last_step_is_bad_input(first_run):
+    resumed = run_cli(["run", SPEC, *STEPS, "--set", "workload.steps=10", "--set", f"checkpoint.uri={first_run['uri']}",
+                       "--resume", "--json"], first_run["env"])
+    assert resumed.returncode == 2, resumed.stderr[-4000:]
+    lines = resumed.stderr.strip().splitlines()
+    # step 40 of the first run, or 60 once the resume test has run
+    assert len(lines) == 1 and re.search(r"workload.steps: 10, but --resume would continue from step [46]0 ", lines[0]), lines
 
 
 def test_the_closing_summary_links_the_flow_run_in_the_prefect_ui(first_run, prefect_api):

@@ -1,6 +1,8 @@
 """Team quotas on the session's Prefect server: a team's runs hold its devices from before provision
 until after teardown, a run that would exceed the team's limit waits (and says so), another team
-is not held up, and every slot comes back: after success, failure, SIGTERM and a dead orchestrator."""
+is not held up, and every slot comes back: after success, failure, SIGTERM, a dead orchestrator and
+a restarted server (on a server of the test's own); what runs that no longer exist hold is shown and
+given back by `trainflow quota repair`."""
 
 from __future__ import annotations
 
@@ -16,8 +18,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import ROOT
-from tests.integration.conftest import BIN, run_cli, summary_of
+from tests.integration.conftest import BIN, run_cli, start_server, summary_of
 from tests.integration.deployments import api_json
+from trainflow.backends.ports import free_port
+from trainflow.drills.servers import stop_server
 
 pytestmark = pytest.mark.integration
 
@@ -108,7 +112,7 @@ def test_quota_set_list_delete_and_bad_input(cli_env):
     team = team_name("cli")
     assert run_cli(["quota", "set", team, "--devices", "3"], cli_env).returncode == 0
     rows = json.loads(run_cli(["quota", "list", "--json"], cli_env).stdout)
-    assert {"team": team, "limit": f"trainflow-team-{team}", "devices": 3, "held": 0, "active": True} in rows
+    assert {"team": team, "limit": f"trainflow-team-{team}", "devices": 3, "held": 0, "stale": 0, "active": True} in rows
     assert run_cli(["quota", "set", team, "--devices", "5"], cli_env).returncode == 0
     assert f"trainflow-team-{team}" in run_cli(["quota", "list"], cli_env).stdout
     assert held(cli_env, team) == 0
@@ -210,3 +214,69 @@ def test_slots_come_back_after_failure_sigterm_and_a_dead_orchestrator(cli_env, 
     assert "queued for quota" not in failed.stderr
     assert held_on_server(prefect_api, team) == 0 and held(cli_env, team) == 0
     assert not list((Path(cli_env["TRAINFLOW_HOME"]) / "quota").glob("*.json"))
+
+
+@pytest.fixture
+def own_prefect_server(tmp_path):
+    """A Prefect server of this test alone (the session's is shared), which the test may kill and start again."""
+    home, port = tmp_path / "prefect-home", free_port()
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_SERVER_API_HOST": "127.0.0.1", "PREFECT_SERVER_API_PORT": str(port)}
+    env.pop("PREFECT_API_URL", None)
+    api = f"http://127.0.0.1:{port}/api"
+    home.mkdir()
+    servers: list[subprocess.Popen] = []
+
+    def start() -> subprocess.Popen:
+        servers.append(start_server([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                                    env, home / f"server-{len(servers)}.log", f"{api}/health", timeout_s=DEADLINE_S))
+        return servers[-1]
+
+    start()
+    yield api, start, servers
+    for server in servers:
+        stop_server(server)
+
+
+def test_a_server_restart_never_leaks_a_teams_quota(cli_env, own_prefect_server, tmp_path, kill_on_exit):
+    api, start_again, servers = own_prefect_server
+    env = {**cli_env, "PREFECT_API_URL": api}
+    assert run_cli(["quota", "set", "default", "--devices", "2"], env).returncode == 0
+    run = start_run(env, tmp_path, "restarted", *paused_args(tmp_path / "gate"))
+    kill_on_exit.append(run)
+    wait_until((tmp_path / "gate" / "paused").exists, "training", [run])
+    assert held_on_server(api, "default") == 2
+
+    os.killpg(servers[-1].pid, signal.SIGKILL)  # the server forgets its leases, not the slots they took
+    servers[-1].wait(30)
+    start_again()
+    assert held_on_server(api, "default") == 2
+    (tmp_path / "gate" / "release").touch()
+    code, summary, output = finished(run)
+    assert code == 0 and summary["status"] == "succeeded", output[-4000:]
+    assert "devices given back" in output
+    assert held_on_server(api, "default") == 0  # what the log says happened, happened
+    rows = json.loads(run_cli(["quota", "list", "--json"], env).stdout)
+    assert [(row["team"], row["held"], row["stale"]) for row in rows] == [("default", 0, 0)]
+
+
+def test_quota_shows_and_repairs_devices_held_by_runs_that_no_longer_exist(cli_env, own_prefect_server):
+    api, _, _ = own_prefect_server
+    env = {**cli_env, "PREFECT_API_URL": api}
+    team = team_name("stale")
+    assert run_cli(["quota", "set", team, "--devices", "4"], env).returncode == 0
+    # slots taken without a lease, as a server that lost its leases in a restart still counts them
+    api_json(api, "POST", "/v2/concurrency_limits/increment",
+             {"names": [f"trainflow-team-{team}"], "slots": 3, "mode": "concurrency"})
+    listed = run_cli(["quota", "list"], env)
+    assert listed.returncode == 0 and "held by runs that no longer exist" in listed.stdout, listed.stdout
+    rows = json.loads(run_cli(["quota", "list", "--json"], env).stdout)
+    assert [(row["held"], row["stale"]) for row in rows if row["team"] == team] == [(3, 3)]
+
+    repaired = run_cli(["quota", "repair", team], env)
+    assert repaired.returncode == 0, repaired.stderr
+    assert f"quota trainflow-team-{team}: gave back 3 of 3 held devices (its runs hold 0)" in repaired.stdout
+    assert held_on_server(api, team) == 0
+    again = run_cli(["quota", "repair"], env)
+    assert again.returncode == 0 and "nothing to repair" in again.stdout
+    assert run_cli(["quota", "repair", "no-such-team"], env).returncode == 2

@@ -6,12 +6,16 @@ over once) and its two reruns are the session's finished runs (finished_runs.py)
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
+import yaml
 
 from tests.integration.conftest import run_cli
 from tests.integration.deployments import api_json
 from tests.integration.finished_runs import EXPERIMENT, PROBE, FinishedRuns, drifted_environment
+from trainflow.repro.rerun import recorded_spec_sha256
 
 pytestmark = pytest.mark.integration
 
@@ -91,3 +95,47 @@ def test_allow_drift_runs_anyway_and_records_the_drift(finished_runs: FinishedRu
     assert rerun.data.tags["rerun_drift"] == "true"
     drift = json.loads(open(client.download_artifacts(rerun.info.run_id, "rerun/drift.json", str(tmp_path))).read())
     assert any(PROBE in line for line in drift), drift
+
+
+def _edited_spec_artifact(runs: FinishedRuns) -> tuple[Path, str, str]:
+    """The original's recorded spec file, its text, and the text with another seed and step count."""
+    run = runs.client.get_run(runs.original["mlflow_run_id"])
+    path = Path(urlparse(run.info.artifact_uri).path) / "spec" / "resolved_spec.yaml"
+    text = path.read_text()
+    raw = yaml.safe_load(text)
+    raw["seed"], raw["workload"]["steps"] = raw["seed"] + 1, 120
+    return path, text, yaml.safe_dump(raw, sort_keys=False)
+
+
+def test_rerun_refuses_a_recorded_spec_edited_after_the_run(finished_runs: FinishedRuns):
+    path, recorded, edited = _edited_spec_artifact(finished_runs)
+    before = counts(finished_runs)
+    try:
+        path.write_text(edited)
+        result = run_cli(["rerun", finished_runs.original["mlflow_run_id"], "--json"], finished_runs.env)
+    finally:
+        path.write_text(recorded)
+    assert result.returncode == 2, (result.stdout[-2000:], result.stderr[-2000:])
+    line = result.stderr.strip().splitlines()[-1]
+    assert "spec/resolved_spec.yaml is not the spec it ran" in line and "is not the run's spec_hash" in line, line
+    assert "steps: 120 in the spec, 10 in the run's params" in line, line
+    assert counts(finished_runs) == before
+
+
+def test_rerun_refuses_an_edited_spec_even_with_its_hash_tag_forged(finished_runs: FinishedRuns):
+    """Tags can be rewritten after a run; its params cannot, and they still tell the edit."""
+    client, run_id = finished_runs.client, finished_runs.original["mlflow_run_id"]
+    path, recorded, edited = _edited_spec_artifact(finished_runs)
+    true_hash = client.get_run(run_id).data.tags["spec_hash"]
+    before = counts(finished_runs)
+    try:
+        path.write_text(edited)
+        client.set_tag(run_id, "spec_hash", recorded_spec_sha256(yaml.safe_load(edited)))
+        result = run_cli(["rerun", run_id], finished_runs.env)
+    finally:
+        path.write_text(recorded)
+        client.set_tag(run_id, "spec_hash", true_hash)
+    assert result.returncode == 2, (result.stdout[-2000:], result.stderr[-2000:])
+    line = result.stderr.strip().splitlines()[-1]
+    assert "spec_hash" not in line and "seed: " in line and "steps: 120 in the spec, 10 in the run's params" in line, line
+    assert counts(finished_runs) == before

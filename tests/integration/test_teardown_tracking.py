@@ -45,16 +45,17 @@ def test_a_stopped_run_and_its_open_attempt_are_killed_even_while_the_store_is_l
     record = RunRecord(spec=spec, run_id="digits-1", mlflow_run_id=parent, tracking_uri=uri, experiment="digits",
                        prefect_flow_run_id="", started_at=0.0)
 
-    holder = sqlite3.connect(db, isolation_level=None)
+    holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)  # released from the writer thread
     holder.execute("BEGIN EXCLUSIVE")  # another writer, mid-transaction
     logger = logging.getLogger("test-teardown")
+    writes = logging.getLogger("trainflow.tracking")  # where the tracker says it met the lock and retries
     released = ReleaseLockOnRetry(holder)
-    logger.addHandler(released)
+    writes.addHandler(released)
     try:
         close_tracking(spec, "digits-1", record, None, REPORT,
                        finalized=False, stopped_by="SIGINT", logger=logger)
     finally:
-        logger.removeHandler(released)
+        writes.removeHandler(released)
         holder.close()
 
     assert released.retries == 1  # the store really was locked when teardown first wrote

@@ -15,6 +15,7 @@ import pytest
 
 from tests.integration.conftest import run_cli, summary_of
 from tests.integration.finished_runs import PROBE, SECRET_VALUE, FinishedRuns
+from trainflow.spec.tracking import reserved_tag
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # the first test may wait for four runs
 
@@ -119,3 +120,12 @@ def test_audit_of_a_rerun_with_drift_allowed_shows_the_override(finished_runs: F
 def test_audit_of_an_unknown_run_is_bad_input(finished_runs: FinishedRuns):
     result = run_cli(["audit", "no-such-run", "--tracking-uri", finished_runs.tracking_uri], finished_runs.env)
     assert result.returncode == 2 and "RUN_ID 'no-such-run'" in result.stderr
+
+
+def test_every_tag_trainflow_writes_is_one_a_spec_may_not_set(finished_runs: FinishedRuns):
+    client = finished_runs.client
+    experiment = client.get_experiment_by_name("usage").experiment_id
+    written = {name for run in client.search_runs([experiment]) for name in run.data.tags}
+    users = {"team", "owner"}  # the spec's tracking.tags of these runs
+    assert users <= written
+    assert sorted(name for name in written - users if not reserved_tag(name)) == []

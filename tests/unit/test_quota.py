@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from trainflow.quota import (
-    QuotaError, QuotaLease, QuotaNeed, acquired_line, dead_holders, lease_folder, limit_name, queued_line,
-    remove_lease_file, write_lease_file,
+    QuotaError, QuotaLease, QuotaNeed, QuotaNeedOfRun, acquired_line, dead_holders, lease_folder, limit_name,
+    need_of_parameters, queued_line, remove_lease_file, stale_slots, write_lease_file,
 )
 from trainflow.spec import load_spec
 
@@ -64,3 +64,14 @@ def test_only_leases_of_dead_orchestrators_are_given_back(tmp_path, monkeypatch)
     assert [(holder.run_id, holder.lease_id) for holder in dead_holders()] == [("dead-run", "9a7e")]
     remove_lease_file("alive-run")
     assert not (lease_folder() / "alive-run.json").exists()
+
+
+def test_stale_devices_are_what_a_limit_holds_beyond_its_holding_runs():
+    spec = load_spec(EXAMPLE, ["tracking.tags={team: vision}"]).model_dump(mode="json")
+    holders = [need_of_parameters("a", {"spec": spec}), need_of_parameters("b", {"spec": {"resources": {"nodes": 1}}})]
+    assert holders[0] == QuotaNeedOfRun("a", "trainflow-team-vision", 2)
+    assert holders[1] == QuotaNeedOfRun("b", "trainflow-team-default", 1)
+    stale = stale_slots({"trainflow-team-vision": 5, "trainflow-team-default": 0}, holders)
+    assert stale["trainflow-team-vision"].stale == 3 and stale["trainflow-team-default"].stale == 0
+    unreadable = need_of_parameters("c", {"spec": "not a spec"})
+    assert unreadable.limit is None and stale_slots({"trainflow-team-vision": 5}, [*holders, unreadable]) is None

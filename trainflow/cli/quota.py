@@ -6,7 +6,7 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -72,21 +72,66 @@ def quota_set(
 def quota_list(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON list instead of a table.")] = False,
 ) -> None:
-    """Every team quota: its limit and the devices its runs hold now."""
+    """Every team quota: its limit, the devices its runs hold now, and how many of those are held by
+    runs that no longer exist (stale: `trainflow quota repair` gives them back)."""
     _server_needed()
     with _server_answers():
-        limits = _api().list_limits()
+        limits, stale = _limits_and_stale()
     if as_json:
         typer.echo(json.dumps([{"team": limit.team, "limit": limit.name, "devices": limit.devices,
-                                "held": limit.held, "active": limit.active} for limit in limits]))
+                                "held": limit.held, "stale": _stale_of(stale, limit.name), "active": limit.active}
+                               for limit in limits]))
         return
     if not limits:
         typer.echo("no team quotas: every team is unlimited (trainflow quota set TEAM --devices N)")
         return
-    typer.echo(f"{'TEAM':<20} {'LIMIT':<32} {'DEVICES':>7} {'HELD':>5}")
+    typer.echo(f"{'TEAM':<20} {'LIMIT':<32} {'DEVICES':>7} {'HELD':>5} {'STALE':>5}")
     for limit in limits:
         inactive = "" if limit.active else "  (inactive: not enforced)"
-        typer.echo(f"{limit.team:<20} {limit.name:<32} {limit.devices:>7} {limit.held:>5}{inactive}")
+        count = _stale_of(stale, limit.name)
+        typer.echo(f"{limit.team:<20} {limit.name:<32} {limit.devices:>7} {limit.held:>5} "
+                   f"{'?' if count is None else count:>5}{inactive}")
+    if stale is not None and any(s.stale for s in stale.values()):
+        typer.echo("stale: held by runs that no longer exist; `trainflow quota repair` gives them back")
+
+
+def _limits_and_stale():
+    """The limits, and per limit the devices no holding run accounts for (None: unknown). The runs are
+    read before the limits: a run giving its devices back in between is then still counted as
+    holding them, never its devices as stale."""
+    from trainflow.quota import stale_slots
+
+    holders = _api().holding_runs()
+    limits = _api().list_limits()
+    return limits, stale_slots({limit.name: limit.held for limit in limits}, holders)
+
+
+def _stale_of(stale, name: str) -> int | None:
+    return None if stale is None else stale[name].stale
+
+
+@quota_app.command("repair")
+def quota_repair(
+    team: Annotated[Optional[str], typer.Argument(metavar="[TEAM]", help="One team (default: every team).")] = None,
+) -> None:
+    """Give back the devices a team's quota counts as held by runs that no longer exist (a lease the
+    server lost in a restart, a release that never reached it)."""
+    _server_needed()
+    name = _team_limit(team) if team else None
+    with _server_answers():
+        limits, stale = _limits_and_stale()
+        if name is not None and name not in {limit.name for limit in limits}:
+            _fail(f"quota {name}: there is no such quota (trainflow quota list)")
+        if stale is None:
+            _fail("quota: a holding run's spec cannot be read, so no held device can be called stale; "
+                  "nothing given back", EXIT_FAILED)
+        repaired = [s for s in stale.values() if s.stale and name in (None, s.limit)]
+        for slots in repaired:
+            _api().give_back_slots(slots.limit, slots.stale)
+            typer.echo(f"quota {slots.limit}: gave back {slots.stale} of {slots.held} held devices "
+                       f"(its runs hold {slots.held_by_runs})")
+    if not repaired:
+        typer.echo("quota: nothing to repair: every held device belongs to a run that holds it")
 
 
 @quota_app.command("delete")

@@ -28,7 +28,7 @@ def run(
 
     try:
         spec = load_spec(spec_path, overrides or [])
-        preflight(spec)
+        preflight(spec, resume=resume)
     except SpecError as exc:
         fail_input(str(exc), as_json)
 

@@ -10,6 +10,8 @@
 - exit: a node's ranks are still running `exit_timeout_s` after another node's all exited 0 (a
   rank deadlocked at interpreter exit, a thread that never ends): a hang, with the stacks of the
   ranks still running
+- tracking store down: it refused every write for `tracking.store_patience_s`; INFRA, and the
+  attempt is stopped with an emergency checkpoint rather than trained on unrecorded
 - start-up: no rank reports within `startup_timeout_s` of launch, or none steps within it, or some
   ranks never report (named): a hang before the first step (with stacks), never an infrastructure
   failure
@@ -84,9 +86,11 @@ class AttemptWatcher:
         final_step: int | None = None,
         plain: bool = False,
         fault_tolerance: FaultTolerance | None = None,
+        tracking_fault: Callable[[], str | None] = lambda: None,
     ):
         self.plain = plain  # a plain torchrun script: no reports, only exits
         self.fault_tolerance = fault_tolerance or FaultTolerance()  # its rules: the spec's, then built-in
+        self.tracking_fault = tracking_fault  # why the tracking store is down; None while it works
         self.launcher = launcher
         self.handle = handle
         self.channel = channel
@@ -133,6 +137,9 @@ class AttemptWatcher:
             verdict = self._exit_overdue(exits, now)
             if verdict is not None:
                 return verdict
+        fault = self.tracking_fault()
+        if fault is not None:
+            return self._result(Outcome.INFRA, fault, status, now, None, {"tracking_store": fault})
 
         if self.plain:
             return None

@@ -3,7 +3,8 @@
 A run records its resolved spec (artifact spec/resolved_spec.yaml, seed included), the code it ran
 (git commit, whether the tree was dirty and a hash of the uncommitted changes, a hash of the
 training script) and its environment (fingerprint, Python, platform, lock file, every installed
-package). A rerun loads exactly that spec and refuses to start when the code or the environment
+package). A rerun loads exactly that spec, refused when it is not the spec the run ran (its hash
+and the params the run recorded as it started), and refuses to start when the code or the environment
 here differ from the record, listing each difference, unless the drift is accepted; the new run
 is then tagged with what it reran and the drift it accepted.
 """
@@ -30,6 +31,7 @@ SPEC_ARTIFACT = "spec/resolved_spec.yaml"
 PACKAGES_ARTIFACT = "environment/packages.json"
 DRIFT_ARTIFACT = "rerun/drift.json"
 SHOWN_PACKAGES = 10  # package differences listed one by one before the rest are counted
+MLFLOW_PARAM_LENGTH = 6000  # MLflow keeps the first 6000 characters of a longer param
 CODE_PATHS = ["*.py", "requirements.lock", "pyproject.toml", ":!tests/"]  # what computes a run: not docs, not tests
 
 
@@ -82,6 +84,31 @@ class RecordedRun:
         return self.tags.get("trainflow.run_id", self.mlflow_run_id)
 
 
+def recorded_spec_sha256(raw: object) -> str:
+    """sha256 of a recorded spec document as the run computed its spec_hash (RunSpec.spec_hash): over the
+    document itself, so a spec recorded by an older trainflow (fewer fields) keeps its hash."""
+    canonical = json.dumps(raw, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def spec_disagreements(raw: object, spec: RunSpec, tags: dict[str, str], params: dict[str, str]) -> list[str]:
+    """How a recorded spec differs from what its run recorded when it started: the spec_hash tag and the
+    params (MLflow never changes a param once logged); empty when they agree."""
+    from trainflow.reporting.tracking import spec_params
+
+    found = []
+    recorded_hash = tags.get("spec_hash")
+    if recorded_hash is None:
+        found.append("the run recorded no spec_hash to check it against")
+    elif recorded_spec_sha256(raw) != recorded_hash:
+        found.append(f"its sha256 {_short(recorded_spec_sha256(raw))} is not the run's spec_hash {_short(recorded_hash)}")
+    for name, value in spec_params(spec).items():
+        ran, now = params.get(name), str(value)
+        if ran is not None and ran != now and not (len(now) > MLFLOW_PARAM_LENGTH and now.startswith(ran)):
+            found.append(f"{name}: {value} in the spec, {ran} in the run's params")
+    return found
+
+
 def load_recorded_run(mlflow_run_id: str, tracking_uri: str) -> RecordedRun:
     """Read the spec, code identity and environment a run recorded; RerunError says what is missing."""
     from mlflow.exceptions import MlflowException
@@ -105,10 +132,17 @@ def load_recorded_run(mlflow_run_id: str, tracking_uri: str) -> RecordedRun:
         except (MlflowException, OSError) as exc:
             raise RerunError(f"run {mlflow_run_id}: a recorded artifact is missing: {exc}") from None
         try:
-            spec = parse_spec(yaml.safe_load(spec_file.read_text()), source=f"run {mlflow_run_id}: {SPEC_ARTIFACT}")
+            raw = yaml.safe_load(spec_file.read_text())
+            spec = parse_spec(raw, source=f"run {mlflow_run_id}: {SPEC_ARTIFACT}")
         except (SpecError, yaml.YAMLError) as exc:
             raise RerunError(f"{exc} (the spec format changed since; rerun with the recorded code)") from None
         packages = json.loads(packages_file.read_text())
+    disagreements = spec_disagreements(raw, spec, tags, dict(run.data.params))
+    if disagreements:
+        raise RerunError(
+            f"refusing to rerun {mlflow_run_id}: its recorded {SPEC_ARTIFACT} is not the spec it ran "
+            f"({'; '.join(disagreements)}); the artifact was changed after the run"
+        )
     return RecordedRun(
         mlflow_run_id=mlflow_run_id,
         tracking_uri=tracking_uri,
