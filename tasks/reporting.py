@@ -28,7 +28,7 @@ from trainflow.reporting.plots import plots_markdown
 from trainflow.reporting.summary import mlflow_ui_command, public_uri
 
 PROGRESS_EVERY_S = 2.0  # the watch loop flushes metrics every second; the UI needs less
-MLFLOW_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves a local (sqlite) store by default
+MLFLOW_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves a local (sqlite) store by default (tracking.ui_url)
 
 
 @dataclass
@@ -189,13 +189,14 @@ def report_run(record: RunRecord, summary: dict) -> None:
 
 
 def mlflow_link(record: RunRecord) -> dict[str, str]:
-    """Where to look at the run in the MLflow UI: the server itself, or `mlflow ui` over a local store."""
+    """Where to look at the run in the MLflow UI: the spec's `tracking.ui_url`, else the server itself,
+    or `mlflow ui` over a local store."""
     from mlflow.tracking import MlflowClient
 
     experiment_id = MlflowClient(record.tracking_uri).get_run(record.mlflow_run_id).info.experiment_id
     uri = public_uri(record.tracking_uri)
     local = not uri.startswith(("http://", "https://"))
-    base = MLFLOW_UI if local else uri.rstrip("/")
+    base = (record.spec.tracking.ui_url or (MLFLOW_UI if local else uri)).rstrip("/")
     return {
         "url": f"{base}/#/experiments/{experiment_id}/runs/{record.mlflow_run_id}",
         "command": mlflow_ui_command(uri) if local else "",

@@ -51,6 +51,7 @@ def watch_attempt(launched: Launched) -> AttemptResult:
         if steps:
             progress.publish(steps[-1][0], spec.workload.steps, handle.attempt, steps[-1][1])
         provisioned.tracker.log_metrics(record.mlflow_run_id, rows)
+        provisioned.tracker.log_metrics(launched.attempt_run_id, rows)  # the attempt's own series, on its run
         report_progress(record, handle.attempt, rows)  # the UI's progress artifact, rate-limited
 
     watcher = AttemptWatcher(

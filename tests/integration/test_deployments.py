@@ -268,7 +268,7 @@ def test_usage_report_deployment_publishes_the_usage_table(deployed, train_run):
     client = MlflowClient(f"sqlite:///{deployed['home'] / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("deployments")
     lifecycles = [r for r in client.search_runs([experiment.experiment_id]) if "mlflow.parentRunId" not in r.data.tags]
-    hours = sum(r.data.metrics["device_hours"] for r in lifecycles)
+    hours = sum(r.data.metrics["summary/device_hours"] for r in lifecycles)
     [row] = [line for line in artifact["data"].splitlines() if line.startswith("| deployments |")]
     assert f"| {len(lifecycles)} |" in row and f"| {hours:.4f} |" in row and "CRASHED" in row, row
     assert "data:image/png;base64," in artifact["data"]

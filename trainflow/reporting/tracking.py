@@ -21,6 +21,10 @@ from trainflow.orchestrator.interrupts import signals_deferred
 from trainflow.spec import RunSpec
 
 PARENT_TAG = "mlflow.parentRunId"
+# MLflow 3's UI opens an experiment by its kind: without one it guesses, and may open a training
+# experiment on the GenAI overview (traces, evaluations) instead of its runs
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_EXPERIMENT = "custom_model_development"
 
 
 def tracking_uri_for(spec: RunSpec) -> str:
@@ -87,19 +91,25 @@ class Tracker:
     def experiment_id(self, name: str) -> str:
         existing = self.client.get_experiment_by_name(name)
         if existing is not None:
+            if EXPERIMENT_KIND_TAG not in existing.tags:  # a kind someone chose is theirs to keep
+                self.client.set_experiment_tag(existing.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT)
             return existing.experiment_id
         location = None
         if self.uri.startswith("sqlite:"):
             # A SQLite store would otherwise put artifacts under ./mlruns of whatever the cwd is.
             location = (artifacts_root() / name).as_uri()
-        return self.client.create_experiment(name, artifact_location=location)
+        return self.client.create_experiment(name, artifact_location=location,
+                                             tags={EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT})
 
-    def start_run(self, experiment: str, run_name: str, tags: dict[str, str], parent: str | None = None) -> str:
+    def start_run(self, experiment: str, run_name: str, tags: dict[str, str], parent: str | None = None,
+                  start_time: float | None = None) -> str:
+        """A new run; `start_time` (unix seconds): when what it records began, by default now."""
         tags = dict(tags)
         if parent:
             tags[PARENT_TAG] = parent
         with self._lock:
-            run = self.client.create_run(self.experiment_id(experiment), run_name=run_name, tags=tags)
+            run = self.client.create_run(self.experiment_id(experiment), run_name=run_name, tags=tags,
+                                         start_time=None if start_time is None else int(start_time * 1000))
         return run.info.run_id
 
     def log_params(self, run_id: str, params: dict) -> None:
@@ -137,9 +147,11 @@ class Tracker:
             )
         return {run.data.tags.get("attempt", ""): run.info.run_id for run in children}
 
-    def end_run(self, run_id: str, status: str) -> None:
+    def end_run(self, run_id: str, status: str, end_time: float | None = None) -> None:
+        """End a run; `end_time` (unix seconds): when what it records ended, by default now."""
         with self._lock:
-            self.client.set_terminated(run_id, status=status)
+            self.client.set_terminated(run_id, status=status,
+                                       end_time=None if end_time is None else int(end_time * 1000))
 
     def run_status(self, run_id: str) -> str:
         """RUNNING, FINISHED, FAILED or KILLED."""
