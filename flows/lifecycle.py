@@ -27,6 +27,7 @@ from prefect.exceptions import TerminationSignal
 from prefect.states import Completed, Failed
 from prefect.utilities.annotations import opaque
 
+from tasks.attempt_states import failed_attempts, watched_result
 from tasks.attempts import classify_outcome, recover_nodes, release_attempt
 from tasks.chaos import inject_fault
 from tasks.finalize import finalize
@@ -86,10 +87,11 @@ def lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None = None,
             for commit in live.commits(run_id, attempt):
                 snapshots.append(snapshot_checkpoint(launched, opaque(commit)))
                 report_checkpoint(record, snapshots[-1])
-            result = release_attempt(launched, opaque(watching.result()))
+            result = release_attempt(launched, opaque(watched_result(watching)))  # a failed attempt's watch is Failed
             injections += [future.result() for future in injecting]
             results.append(result)
-            decision = classify_outcome(launched, each(results))
+            # after a failed attempt its state is named after the branch, and holds the decision
+            decision = classify_outcome(launched, each(results), return_state=True).result()
             report_attempt(record, result, decision)
             if not decision.retry:
                 break
@@ -113,8 +115,9 @@ def lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None = None,
     summary["quota"] = quota.as_dict() if quota else None
     report_run(record, summary)
     if summary["status"] == "succeeded":
-        return Completed(message="finished" + RunSummary.model_validate(summary).at_step(), data=summary)
-    return Failed(message=summary["reason"], data=summary)
+        return Completed(message="finished" + RunSummary.model_validate(summary).at_step() + failed_attempts(summary),
+                         data=summary)
+    return Failed(message=summary["reason"] + failed_attempts(summary), data=summary)
 
 
 def each(values: list) -> list:

@@ -7,8 +7,10 @@ import time
 
 from prefect import get_run_logger
 from prefect.runtime import task_run
+from prefect.states import State
 
 from tasks import lifecycle_task
+from tasks.attempt_states import decided
 from tasks.records import Launched, Provisioned
 from trainflow.backends.abilities import ReplacesNodes
 from trainflow.orchestrator.failures import AttemptResult, Decision, Outcome, decide
@@ -102,12 +104,13 @@ def _classify_run_name() -> str:
 
 
 @lifecycle_task(name="classify-outcome", task_run_name=_classify_run_name)
-def classify_outcome(launched: Launched, results: list[AttemptResult]) -> Decision:
+def classify_outcome(launched: Launched, results: list[AttemptResult]) -> Decision | State:
     """Retry branch or finish, by the attempt's fault-tolerance policy: retryable outcome, budget
-    left, and not a crash loop (`results`: every attempt's so far, this one last)."""
+    left, and not a crash loop (`results`: every attempt's so far, this one last). After a failed
+    attempt the task's state is named after the branch (Recovering, Gave up)."""
     decision = decide(launched.spec.fault_tolerance, results)
     get_run_logger().info("%s: %s", "retry" if decision.retry else "finish", decision.reason)
-    return decision
+    return decided(decision, results[-1])
 
 
 @lifecycle_task(name="recover-nodes", task_run_name="recover-nodes-{launched.handle.attempt}")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from prefect import get_run_logger
+from prefect.states import State
 
 from tasks import lifecycle_task
+from tasks.attempt_states import watched
 from tasks.attempts import STOP_GRACE_S
 from tasks.records import Launched
 from tasks.reporting import report_progress
@@ -14,7 +16,7 @@ from trainflow.orchestrator.watcher import AttemptWatcher, WatchLimits
 
 
 @lifecycle_task(name="watch-attempt", task_run_name="watch-attempt-{launched.handle.attempt}")
-def watch_attempt(launched: Launched) -> AttemptResult:
+def watch_attempt(launched: Launched) -> AttemptResult | State:
     """Watch exits, heartbeats and progress until the attempt ends; each commit goes to the attempt's
     commit feed (trainflow.orchestrator.live), which the flow snapshots from until watching is over."""
     logger = get_run_logger()
@@ -90,4 +92,4 @@ def watch_attempt(launched: Launched) -> AttemptResult:
         if failed["stderr_tail"]:  # the failing rank's own last words, where people look first
             logger.warning("last stderr lines of %s:\n%s", f"rank {failed['rank']}" if failed["rank"] is not None
                            else f"node {failed['node']}", "\n".join(failed["stderr_tail"]))
-    return result
+    return watched(result, steps_reported=not watcher.plain)  # a failed attempt's task is Failed, the flow goes on
