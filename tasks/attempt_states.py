@@ -4,6 +4,8 @@ recovers goes on, since the flow reads these results without raising."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 from prefect.futures import PrefectFuture
 from prefect.states import Completed, Failed, State
 
@@ -20,11 +22,21 @@ def attempt_outcome(result: AttemptResult, steps_reported: bool = True) -> str:
     return f"{result.outcome.value}{at_step}: {result.reason[:MESSAGE_REASON_CHARS]}"
 
 
+@dataclass(repr=False)
+class FailedAttempt(AttemptResult):
+    """A failed attempt's result: the same record, whose repr (in Prefect's log line for a failed
+    task run) names the attempt instead of spelling out every field; the message says the rest."""
+
+    def __repr__(self) -> str:
+        return f"AttemptResult(attempt {self.attempt}: {self.outcome.value})"
+
+
 def watched(result: AttemptResult, steps_reported: bool) -> AttemptResult | State:
     """What the watch task returns: the result itself for a success, else a Failed state holding it."""
     if result.outcome == Outcome.SUCCEEDED:
         return result
-    return Failed(message=attempt_outcome(result, steps_reported), data=result)
+    failed = FailedAttempt(**{f.name: getattr(result, f.name) for f in fields(result)})
+    return Failed(message=attempt_outcome(result, steps_reported), data=failed)
 
 
 def watched_result(watching: PrefectFuture) -> AttemptResult:

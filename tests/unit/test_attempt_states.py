@@ -18,7 +18,7 @@ def test_a_failed_attempt_is_a_failed_state_with_its_outcome_and_reason():
     crashed = attempt(1, Outcome.CRASHED, 30, "rank 1 exited with code 3")
     state = watched(crashed, steps_reported=True)
     assert state.is_failed() and state.message == "CRASHED at step 30: rank 1 exited with code 3"
-    assert state.data is crashed
+    assert vars(state.data) == vars(crashed) and repr(state.data) == "AttemptResult(attempt 1: CRASHED)"
     assert watched(attempt(2, Outcome.SUCCEEDED, 60, "finished"), True).outcome == Outcome.SUCCEEDED
     assert watched(crashed, steps_reported=False).message == "CRASHED: rank 1 exited with code 3"
 
