@@ -142,7 +142,7 @@ def test_every_figure_of_the_faulted_run_agrees_to_the_printed_digit(drilled, tm
     markdown = artifact["data"]
     assert f"![{title}](data:image/png;base64," in markdown  # the logged picture, titled as drawn here
     assert picture_titles(summary)["goodput.png"] == title
-    assert f"| Goodput | {goodput} of {wall} |" in markdown
+    assert f"| Goodput | {goodput} of {wall} wall time |" in markdown
     assert f"mean step {milliseconds(metrics['mean_step_time_s'])} |" in markdown
     stalls = f"{seconds(metrics['checkpoint_stall_total_s'])}, {percent(metrics['checkpoint_share'])} of step time"
     assert f"| Checkpoint stalls | {stalls} |" in markdown
