@@ -26,6 +26,7 @@ from prefect import flow
 from prefect.exceptions import TerminationSignal
 from prefect.states import Completed, Failed
 from prefect.utilities.annotations import opaque
+from pydantic import Field
 
 from tasks.attempt_states import failed_attempts, watched_result
 from tasks.attempts import classify_outcome, recover_nodes, release_attempt
@@ -50,7 +51,21 @@ from trainflow.spec import RunSpec, load_spec
 
 
 @flow(name="training-lifecycle", flow_run_name="{spec.name}")
-def training_lifecycle(spec: RunSpec, resume: bool = False, run_id: str | None = None):
+def training_lifecycle(
+    spec: RunSpec,
+    resume: bool = Field(
+        default=False,
+        title="Resume",
+        description="Start from the newest verified checkpoint under the spec's checkpoint URI, whichever run "
+        "wrote it, instead of step 0.",
+    ),
+    run_id: str | None = Field(
+        default=None,
+        title="Run id",
+        description="The trainflow run id, which names the flow run, the MLflow run and the checkpoints. "
+        "Default: a new one, the spec's name and a timestamp.",
+    ),
+):
     """Train `spec` to its last step, recovering from failures; with `resume`, continue from the
     newest verified checkpoint under the spec's checkpoint URI. `run_id`: the id a caller chose
     ahead (`trainflow run`, for what it started before the flow); by default a new one."""

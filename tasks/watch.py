@@ -8,6 +8,7 @@ from prefect.states import State
 from tasks import lifecycle_task
 from tasks.attempt_states import watched
 from tasks.attempts import STOP_GRACE_S
+from tasks.output_tail import sampled_output
 from tasks.records import Launched
 from tasks.reporting import report_progress
 from trainflow.orchestrator import live, progress
@@ -78,7 +79,8 @@ def watch_attempt(launched: Launched) -> AttemptResult | State:
         plain=spec.workload.mode.value == "plain",
     )
     try:
-        result = watcher.run()
+        with sampled_output(handle, logger):  # a bounded tail of the training output, while it trains
+            result = watcher.run()
         if result.evidence.get("storage_calls"):
             # a storage outage: the flow may be waiting on the same store to snapshot a commit, and
             # until it releases the attempt the workers would train on past the verdict once it answers

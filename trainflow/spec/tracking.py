@@ -13,7 +13,7 @@ class Tracking(Section):
     """Where the run is recorded."""
 
     uri: str | None = Field(
-        default=None, title="MLflow tracking URI", description="Default: sqlite:///<TRAINFLOW_HOME>/mlflow.db."
+        default=None, title="MLflow tracking URI", description="Default: sqlite:///$TRAINFLOW_HOME/mlflow.db."
     )
     experiment: str | None = Field(default=None, title="Experiment", description="Default: the spec's name.")
     ui_url: Annotated[str, Field(pattern=r"^https?://")] | None = Field(
