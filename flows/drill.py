@@ -16,6 +16,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.lifecycle import faulted_lifecycle, training_lifecycle
+from tasks.verdicts import publish_drill
 from trainflow.backends.processes import describe, job_processes
 from trainflow.drills.bench.torchrun_restart import measure_torchrun_restart
 from trainflow.drills.chaos import FaultKind, FaultPlan
@@ -101,6 +102,7 @@ def fault_drill(spec: RunSpec, fault: FaultPlan, fresh_baseline: bool = False, c
     logger.info("drill %s: %s", fault.kind.value, "PASSED" if report["passed"] else "FAILED")
     for rule in report["broken_rules"]:
         logger.warning("drill rule broken: %s", rule)
+    publish_drill(spec.name, report, summary)  # the report as a Prefect artifact, and on the faulted MLflow run
     return report
 
 

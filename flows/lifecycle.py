@@ -26,7 +26,9 @@ from prefect import flow
 from prefect.exceptions import TerminationSignal
 from prefect.states import Completed, Failed
 from prefect.utilities.annotations import opaque
+from pydantic import Field
 
+from tasks.attempt_states import failed_attempts, watched_result
 from tasks.attempts import classify_outcome, recover_nodes, release_attempt
 from tasks.chaos import inject_fault
 from tasks.finalize import finalize
@@ -49,7 +51,21 @@ from trainflow.spec import RunSpec, load_spec
 
 
 @flow(name="training-lifecycle", flow_run_name="{spec.name}")
-def training_lifecycle(spec: RunSpec, resume: bool = False, run_id: str | None = None):
+def training_lifecycle(
+    spec: RunSpec,
+    resume: bool = Field(
+        default=False,
+        title="Resume",
+        description="Start from the newest verified checkpoint under the spec's checkpoint URI, whichever run "
+        "wrote it, instead of step 0.",
+    ),
+    run_id: str | None = Field(
+        default=None,
+        title="Run id",
+        description="The trainflow run id, which names the flow run, the MLflow run and the checkpoints. "
+        "Default: a new one, the spec's name and a timestamp.",
+    ),
+):
     """Train `spec` to its last step, recovering from failures; with `resume`, continue from the
     newest verified checkpoint under the spec's checkpoint URI. `run_id`: the id a caller chose
     ahead (`trainflow run`, for what it started before the flow); by default a new one."""
@@ -95,10 +111,11 @@ def run_lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None, ru
             for commit in commits:
                 snapshots.append(snapshot_checkpoint(launched, opaque(commit)))
                 report_checkpoint(record, snapshots[-1])
-            result = release_attempt(launched, opaque(watching.result()))
+            result = release_attempt(launched, opaque(watched_result(watching)))  # a failed attempt's watch is Failed
             injections += [future.result() for future in injecting]
             results.append(result)
-            decision = classify_outcome(launched, each(results))
+            # after a failed attempt its state is named after the branch, and holds the decision
+            decision = classify_outcome(launched, each(results), return_state=True).result()
             report_attempt(record, result, decision)
             if not decision.retry:
                 break
@@ -122,8 +139,9 @@ def run_lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None, ru
     summary["quota"] = quota.as_dict() if quota else None
     report_run(record, summary)
     if summary["status"] == "succeeded":
-        return Completed(message="finished" + RunSummary.model_validate(summary).at_step(), data=summary)
-    return Failed(message=summary["reason"], data=summary)
+        return Completed(message="finished" + RunSummary.model_validate(summary).at_step() + failed_attempts(summary),
+                         data=summary)
+    return Failed(message=summary["reason"] + failed_attempts(summary), data=summary)
 
 
 def each(values: list) -> list:

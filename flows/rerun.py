@@ -17,6 +17,7 @@ from prefect.states import Completed, Failed
 from pydantic import Field
 
 from flows.lifecycle import training_lifecycle
+from tasks.verdicts import publish_rerun
 from trainflow.home import default_tracking_uri
 from trainflow.repro.rerun import Lineage, RecordedRun, check_rerun, load_recorded_run, refusal, rerunning
 
@@ -55,7 +56,7 @@ def rerun_training(
     tracking_uri: str | None = Field(
         default=None,
         title="MLflow tracking URI",
-        description="Where the run is recorded. Default: sqlite:///<TRAINFLOW_HOME>/mlflow.db.",
+        description="Where the run is recorded. Default: sqlite:///$TRAINFLOW_HOME/mlflow.db.",
     ),
 ):
     """Repeat a recorded run with the same spec and seed, refusing when code or environment drifted."""
@@ -70,8 +71,11 @@ def rerun_training(
     if not isinstance(summary, dict):
         return Failed(message=f"the training lifecycle crashed: {state.message}")
     summary.update(rerun_of=mlflow_run_id, drift=drift, original_params_sha256=recorded.params_sha256)
+    verdict = publish_rerun(summary)  # drift or none, and the parameters against the original's
+    if verdict:
+        get_run_logger().info("rerun of %s: %s", mlflow_run_id, verdict["verdict"])
     final = Completed if summary["status"] == "succeeded" else Failed
-    return final(message=state.message, data=summary)
+    return final(message=f"{state.message}; {verdict['verdict']}" if verdict else state.message, data=summary)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from prefect import flow, get_run_logger
 
 from flows.drill import run_lifecycle, storage_proxy
+from tasks.verdicts import publish_soak
 from trainflow.backends.processes import describe, job_processes
 from trainflow.drills.chaos import FaultKind, FaultPlan
 from trainflow.drills.cpu_load import cpu_load
@@ -58,6 +59,7 @@ def soak(spec: RunSpec, faults: int, seed: int = 0, load: bool = False, load_nic
     report["load"] = hog.model_dump() if hog else None
     logger.info("soak of %d faults: %s\n%s", faults, "PASSED" if report["passed"] else "FAILED",
                 render_confusion(report))
+    publish_soak(spec.name, report, summary, render_confusion(report))
     return report
 
 

@@ -65,7 +65,7 @@ def usage_report(
     since: str = Field(default="7d", pattern=r"^\d+(\.\d+)?[mhdw]$", title="Period",
                        description="Runs started in this period before now: 7d, 12h, 2w."),
     tracking_uri: str | None = Field(default=None, title="MLflow tracking URI",
-                                     description="Where runs are recorded. Default: sqlite:///<TRAINFLOW_HOME>/mlflow.db."),
+                                     description="Where runs are recorded. Default: sqlite:///$TRAINFLOW_HOME/mlflow.db."),
 ) -> str:
     """Publish usage and cost per group for the period as a markdown artifact."""
     return publish(usage_report_of(tracking_uri or default_tracking_uri(), GroupBy(by), since))

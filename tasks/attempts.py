@@ -7,9 +7,11 @@ import time
 
 from prefect import get_run_logger
 from prefect.runtime import task_run
+from prefect.states import State
 
 from tasks import lifecycle_task
-from tasks.records import Launched
+from tasks.attempt_states import decided
+from tasks.records import Launched, Provisioned
 from trainflow.backends.abilities import ReplacesNodes
 from trainflow.orchestrator.failures import AttemptResult, Decision, Outcome, decide
 from trainflow.orchestrator.rules import decide_by_rule, excluded_node
@@ -25,25 +27,16 @@ UNRESPONSIVE_GRACE_S = 0.5
 
 @lifecycle_task(name="release-attempt", task_run_name="release-attempt-{launched.handle.attempt}")
 def release_attempt(launched: Launched, result: AttemptResult) -> AttemptResult:
-    """Stop whatever is left of the attempt and record it as a nested MLflow run; the result is the
-    attempt's, for the tasks that decide what comes next."""
-    spec, record, provisioned, handle = launched.spec, launched.record, launched.provisioned, launched.handle
+    """Stop whatever is left of the attempt and close its nested MLflow run with its outcome, figures
+    and logs; the result is the attempt's, for the tasks that decide what comes next."""
+    provisioned, handle = launched.provisioned, launched.handle
     # by now the outcome is known and a preempted attempt has saved; what is left only needs ending
     stopped = provisioned.launcher.stop(handle, grace_s=grace_for(result.outcome))
     result.stopped_at = time.time()  # the end of the next recovery's stop phase (contracts/recovery.py)
-    tracker = provisioned.tracker
-    child = tracker.start_run(
-        record.experiment,
-        run_name=f"{record.run_id}-attempt-{result.attempt}",
-        tags={"trainflow.run_id": record.run_id, "attempt": str(result.attempt), "outcome": result.outcome.value},
-        parent=record.mlflow_run_id,
-    )
-    tracker.log_params(
-        child,
-        {"attempt": result.attempt, "world_size": result.world_size, "resumed_from_step": result.resumed_from_step,
-         **attempt_degrees(spec, result.world_size),
-         **({"resumed_from": result.resumed_from} if result.resumed_from else {})},
-    )
+    tracker, child = provisioned.tracker, launched.attempt_run_id
+    tracker.set_tags(child, {"outcome": result.outcome.value})
+    if result.resumed_from:  # a plain script's own checkpoint copy, known once its nodes restored it
+        tracker.log_params(child, {"resumed_from": result.resumed_from})
     tracker.log_metrics(
         child,
         [
@@ -72,7 +65,8 @@ def release_attempt(launched: Launched, result: AttemptResult) -> AttemptResult:
         local_rank = stderr_file.stem.removeprefix("rank-")
         tracker.log_file(child, stderr_file, f"logs/stderr/{stderr_file.parent.name}/local-rank-{local_rank}")
     tracker.set_tags(child, {"reason": result.reason[:5000]})
-    tracker.end_run(child, "FINISHED" if result.outcome.value == "SUCCEEDED" else "FAILED")
+    # the attempt's own span, as the run's summary has it, not the time these writes took
+    tracker.end_run(child, "FINISHED" if result.outcome.value == "SUCCEEDED" else "FAILED", end_time=result.ended_at)
     if child is None:
         get_run_logger().warning("attempt %d released (%d process(es) stopped); not recorded: the tracking store "
                                  "is down (its logs are kept at teardown)", result.attempt, stopped)
@@ -80,6 +74,26 @@ def release_attempt(launched: Launched, result: AttemptResult) -> AttemptResult:
         get_run_logger().info("attempt %d released (%d process(es) stopped); its logs: MLflow run %s, artifacts logs/",
                               result.attempt, stopped, child)
     return result
+
+
+def open_attempt_run(provisioned: Provisioned, spec: RunSpec, attempt: int, started_at: float,
+                     resumed_from_step: int) -> str:
+    """The attempt's nested MLflow run, opened as the attempt starts: it carries the attempt's
+    metrics as they come, and spans the attempt's real start and end."""
+    record = provisioned.record
+    child = provisioned.tracker.start_run(
+        record.experiment,
+        run_name=f"{record.run_id}-attempt-{attempt}",
+        tags={"trainflow.run_id": record.run_id, "attempt": str(attempt)},
+        parent=record.mlflow_run_id,
+        start_time=started_at,
+    )
+    provisioned.tracker.log_params(
+        child,
+        {"attempt": attempt, "world_size": spec.world_size, "resumed_from_step": resumed_from_step,
+         **attempt_degrees(spec, spec.world_size)},
+    )
+    return child
 
 
 def grace_for(outcome: Outcome) -> float:
@@ -98,13 +112,14 @@ def _classify_run_name() -> str:
 
 
 @lifecycle_task(name="classify-outcome", task_run_name=_classify_run_name)
-def classify_outcome(launched: Launched, results: list[AttemptResult]) -> Decision:
+def classify_outcome(launched: Launched, results: list[AttemptResult]) -> Decision | State:
     """Retry branch or finish, by the attempt's fault-tolerance policy: retryable outcome, budget
-    left, and not a crash loop (`results`: every attempt's so far, this one last)."""
+    left, and not a crash loop (`results`: every attempt's so far, this one last). After a failed
+    attempt the task's state is named after the branch (Recovering, Gave up)."""
     policy = launched.spec.fault_tolerance
     decision = decide_by_rule(policy, results) or decide(policy, results)  # a rule's action comes first
     get_run_logger().info("%s: %s", "retry" if decision.retry else "finish", decision.reason)
-    return decision
+    return decided(decision, results[-1])
 
 
 @lifecycle_task(name="recover-nodes", task_run_name="recover-nodes-{launched.handle.attempt}")

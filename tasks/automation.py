@@ -26,7 +26,8 @@ BODY = (
     "{% if event.payload.attempt %}attempt {{ event.payload.attempt }}: {{ event.payload.outcome }}\n{% endif %}"
     "{{ event.payload.reason }}\n"
     "{% if event.payload.retry is defined %}retrying: {{ event.payload.retry }}\n{% endif %}"
-    "MLflow run: {{ event.payload.mlflow_run_id }}"
+    "MLflow run: {{ event.payload.mlflow_url or event.payload.mlflow_run_id }}\n"
+    "{% if event.payload.prefect_url %}Prefect flow run: {{ event.payload.prefect_url }}\n{% endif %}"
 )
 
 

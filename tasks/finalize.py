@@ -10,6 +10,7 @@ from trainflow.checkpoint.catalog import list_committed, missing_or_resized
 from trainflow.checkpoint.storage import Storage, StorageError
 from trainflow.contracts import AttemptResult, RunSummary, run_ledger
 from trainflow.reporting.diagnosis import diagnose
+from trainflow.reporting.figures import summary_metric_rows
 from trainflow.orchestrator.failures import Decision
 from trainflow.reporting.plots import log_run_plots
 from trainflow.reporting.summary import run_status
@@ -71,11 +72,11 @@ def finalize(
     )
     tracker, run = last_attempt.provisioned.tracker, record.mlflow_run_id
     tracker.set_tags(run, {"status": status, "reason": decision.reason[:5000], "params_sha256": summary.params_sha256})
-    # the ledger's figures are the run's metrics, at its final step, as the summary has them
+    # the ledger's figures are the run's metrics (summary/...), at its final step, as the summary has them
     figures = {"attempts": len(results), "final_step": summary.final_step, **ledger.figures.model_dump()}
     if summary.final_loss is not None:
         figures["final_loss"] = summary.final_loss
-    tracker.log_metrics(run, [(k, v, summary.final_step, last.ended_at) for k, v in figures.items()])
+    tracker.log_metrics(run, summary_metric_rows(figures, summary.final_step, last.ended_at))
     tracker.log_json(run, checkpoints, "checkpoints/index.json")
     # what an attempt cost is known once the next one has started: record it on each nested run
     children = tracker.child_runs(run)

@@ -7,6 +7,7 @@ import time
 from prefect import get_run_logger
 
 from tasks import lifecycle_task
+from tasks.attempts import open_attempt_run
 from tasks.records import Launched, Provisioned, Ready
 from trainflow.backends import AttemptPlan
 from trainflow.backends.abilities import SharesScratch
@@ -91,6 +92,7 @@ def launch_attempt(
     handle = provisioned.launcher.launch(spec, provisioned.allocation, plan)
     handle.pause_at_step = plan.pause_at_step  # the drill's injector waits for every rank there
     resumed_from_step = restore_from.step if restore_from else 0
+    attempt_run_id = open_attempt_run(provisioned, spec, attempt, handle.started_at, resumed_from_step)
     newer_local = " or a newer node-local copy" if attempt > 1 and spec.checkpoint.local_tier else ""
     if spec.workload.mode.value == "plain":  # no steps: the script's own folder, or nothing, is restored
         resumed_from_step = 0
@@ -98,9 +100,9 @@ def launch_attempt(
                        and spec.workload.plain.checkpoint_dir else "")
     # the node folder goes at teardown: point at where the logs are kept
     get_run_logger().info(
-        "attempt %d: %d node(s) started (%d warm) from step %d%s; its logs are kept in MLflow run %s, nested run "
-        "%s-attempt-%d (artifacts logs/), once it ends",
+        "attempt %d: %d node(s) started (%d warm) from step %d%s; its metrics go to MLflow run %s, nested run "
+        "%s-attempt-%d (%s), and its logs too (artifacts logs/) once it ends",
         attempt, handle.nodes, handle.warm_nodes, resumed_from_step, newer_local, record.mlflow_run_id, record.run_id,
-        attempt,
+        attempt, attempt_run_id,
     )
-    return Launched(ready, spec, handle, resumed_from_step)
+    return Launched(ready, spec, handle, resumed_from_step, attempt_run_id)

@@ -77,12 +77,15 @@ class Ready(HandOff):
 
 
 class Launched(HandOff):
-    """One running attempt: what the tasks that follow it (watch, snapshot, release, recover) use."""
+    """One running attempt: what the tasks that follow it (watch, snapshot, release, recover) use;
+    `attempt_run_id`: its nested MLflow run, open from the attempt's start to its end."""
 
-    __slots__ = ("ready", "spec", "handle", "resumed_from_step")
+    __slots__ = ("ready", "spec", "handle", "resumed_from_step", "attempt_run_id")
 
-    def __init__(self, ready: Ready, spec: RunSpec, handle: AttemptHandle, resumed_from_step: int):
+    def __init__(self, ready: Ready, spec: RunSpec, handle: AttemptHandle, resumed_from_step: int,
+                 attempt_run_id: str):
         self.ready, self.spec, self.handle, self.resumed_from_step = ready, spec, handle, resumed_from_step
+        self.attempt_run_id = attempt_run_id
 
     @property
     def provisioned(self) -> Provisioned:

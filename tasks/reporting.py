@@ -25,10 +25,11 @@ from trainflow.contracts import AttemptResult, Outcome, RunSummary
 from trainflow.contracts.ledger import milliseconds, percent, seconds
 from trainflow.orchestrator.failures import Decision
 from trainflow.reporting.plots import plots_markdown
-from trainflow.reporting.summary import mlflow_ui_command, public_uri
+from trainflow.reporting.summary import OTHER_DURATIONS, WALL_TIME, flow_run_url, mlflow_ui_command, public_uri
 
+STEP_SERIES = "loss"  # every step a rank reports has one
 PROGRESS_EVERY_S = 2.0  # the watch loop flushes metrics every second; the UI needs less
-MLFLOW_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves a local (sqlite) store by default
+MLFLOW_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves a local (sqlite) store by default (tracking.ui_url)
 
 
 @dataclass
@@ -79,9 +80,25 @@ def _related(record: RunRecord) -> list[dict[str, str]]:
     return related
 
 
+_links: dict[str, dict[str, str | None]] = {}  # by trainflow run id: where a notification's reader looks
+
+
+def _links_of(record: RunRecord) -> dict[str, str | None]:
+    if record.run_id not in _links:
+        from prefect.settings import PREFECT_UI_URL
+
+        try:
+            mlflow = mlflow_link(record)["url"]
+        except Exception:  # noqa: BLE001 - a link is a convenience: the run id is in the payload anyway
+            mlflow = None
+        _links[record.run_id] = {"mlflow_url": mlflow,
+                                 "prefect_url": flow_run_url(PREFECT_UI_URL.value(), record.prefect_flow_run_id)}
+    return _links[record.run_id]
+
+
 def _emit(event: str, record: RunRecord, payload: dict) -> None:
     emit_event(event, resource=_resource(record), related=_related(record),
-               payload={"mlflow_run_id": record.mlflow_run_id, **payload})
+               payload={"mlflow_run_id": record.mlflow_run_id, **_links_of(record), **payload})
 
 
 def _describe(report: RunReport, attempt: int, step: int) -> str:
@@ -104,13 +121,17 @@ def report_progress(record: RunRecord, attempt: int, rows: list[tuple[str, float
     """Called with each batch of metrics the watch loop flushes; updates the artifact every few seconds
     and announces the first step of an attempt that follows a failure."""
     report = _reports.get(record.run_id)
-    if report is None or not rows:
+    # the steps are the loss series' (other rows, a restore's or a node's figures, may sit at step 0)
+    steps = sorted((row[2], row[3]) for row in rows if row[0] == STEP_SERIES)
+    if report is None or not steps:
         return
-    step = max(row[2] for row in rows)
+    step = steps[-1][0]
     if report.failure_detected_at is not None and attempt > max(report.recovered, 1):
         report.recovered = attempt
-        recovery_s = round(time.time() - report.failure_detected_at, 3)
-        _emit(ATTEMPT_RECOVERED, record, {"attempt": attempt, "step": step, "recovery_s": recovery_s})
+        # as the summary has it: from the failure's detection to the first step of this attempt
+        first_step, first_step_at = steps[0]
+        recovery_s = round(max(0.0, first_step_at - report.failure_detected_at), 3)
+        _emit(ATTEMPT_RECOVERED, record, {"attempt": attempt, "step": first_step, "recovery_s": recovery_s})
     if report.progress_id is None or time.monotonic() - report.progress_at < PROGRESS_EVERY_S:
         return
     report.progress_at = time.monotonic()
@@ -186,16 +207,18 @@ def report_run(record: RunRecord, summary: dict) -> None:
             "params_sha256": summary["params_sha256"],
         },
     )
+    _links.pop(record.run_id, None)
 
 
 def mlflow_link(record: RunRecord) -> dict[str, str]:
-    """Where to look at the run in the MLflow UI: the server itself, or `mlflow ui` over a local store."""
+    """Where to look at the run in the MLflow UI: the spec's `tracking.ui_url`, else the server itself,
+    or `mlflow ui` over a local store."""
     from mlflow.tracking import MlflowClient
 
     experiment_id = MlflowClient(record.tracking_uri).get_run(record.mlflow_run_id).info.experiment_id
     uri = public_uri(record.tracking_uri)
     local = not uri.startswith(("http://", "https://"))
-    base = MLFLOW_UI if local else uri.rstrip("/")
+    base = (record.spec.tracking.ui_url or (MLFLOW_UI if local else uri)).rstrip("/")
     return {
         "url": f"{base}/#/experiments/{experiment_id}/runs/{record.mlflow_run_id}",
         "command": mlflow_ui_command(uri) if local else "",
@@ -224,7 +247,8 @@ def summary_markdown(summary: RunSummary | dict, mlflow: dict[str, str]) -> str:
         f"| Status | {s.status}" + (f" at step {s.final_step} of {s.total_steps} |" if steps_seen else " |"),
         "|---|---|",
         f"| Reason | {_cell(s.reason)} |",
-        f"| Goodput | {percent(s.goodput) if steps_seen else 'not measured'} of {seconds(f.wall_s)} |",
+        f"| Goodput | {percent(s.goodput) if steps_seen else 'not measured'} of {seconds(f.wall_s)} wall time |",
+        f"| Wall time | {seconds(f.wall_s)}: {WALL_TIME}; {OTHER_DURATIONS} |",
         f"| Steps run | {f.steps_run}, mean step {milliseconds(f.mean_step_time_s)} |",
         f"| Lost work | {f.lost_steps} steps, {seconds(f.lost_work_s)} |",
         f"| Failure detection, recovery | {seconds(f.detection_s_total)}, {seconds(f.recovery_s_total)} |",

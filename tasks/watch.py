@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from prefect import get_run_logger
+from prefect.states import State
 
 from tasks import lifecycle_task
+from tasks.attempt_states import watched
 from tasks.attempts import STOP_GRACE_S
+from tasks.output_tail import sampled_output
 from tasks.records import Launched
 from tasks.reporting import report_progress
 from trainflow.contracts.status_protocol import Checkpoint, Error, Layout, Preempted, Restored
@@ -22,7 +25,7 @@ from trainflow.reporting.tracking_writes import metric_name_problem
 
 
 @lifecycle_task(name="watch-attempt", task_run_name="watch-attempt-{launched.handle.attempt}")
-def watch_attempt(launched: Launched, commits: CommitFeed) -> AttemptResult:
+def watch_attempt(launched: Launched, commits: CommitFeed) -> AttemptResult | State:
     """Watch exits, heartbeats and progress until the attempt ends; each commit goes to `commits`,
     which the flow snapshots from until this task is over (the flow ends the feed then, however the
     task ended)."""
@@ -60,6 +63,7 @@ def watch_attempt(launched: Launched, commits: CommitFeed) -> AttemptResult:
             progress.publish(steps[-1][0], spec.workload.steps, handle.attempt, steps[-1][1])
         for name in provisioned.tracker.log_metrics(record.mlflow_run_id, rows):  # once per name
             logger.warning("metric %r is not recorded: %s", name, metric_name_problem(name))
+        provisioned.tracker.log_metrics(launched.attempt_run_id, rows)  # the attempt's own series, on its run
         report_progress(record, handle.attempt, rows)  # the UI's progress artifact, rate-limited
 
     watcher = AttemptWatcher(
@@ -92,7 +96,8 @@ def watch_attempt(launched: Launched, commits: CommitFeed) -> AttemptResult:
                           commits.publish)
         copies.start()
     try:
-        result = watcher.run()
+        with sampled_output(handle, logger):  # a bounded tail of the training output, while it trains
+            result = watcher.run()
         if result.evidence.get("storage_calls"):
             # a storage outage: the flow may be waiting on the same store to snapshot a commit, and
             # until it releases the attempt the workers would train on past the verdict once it answers
@@ -112,7 +117,7 @@ def watch_attempt(launched: Launched, commits: CommitFeed) -> AttemptResult:
         if failed["stderr_tail"]:  # the failing rank's own last words, where people look first
             logger.warning("last stderr lines of %s:\n%s", f"rank {failed['rank']}" if failed["rank"] is not None
                            else f"node {failed['node']}", "\n".join(failed["stderr_tail"]))
-    return result
+    return watched(result, steps_reported=not watcher.plain)  # a failed attempt's task is Failed, the flow goes on
 
 
 def note_restores(launched: Launched, result: AttemptResult) -> None:

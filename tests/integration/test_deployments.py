@@ -268,7 +268,7 @@ def test_usage_report_deployment_publishes_the_usage_table(deployed, train_run):
     client = MlflowClient(f"sqlite:///{deployed['home'] / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("deployments")
     lifecycles = [r for r in client.search_runs([experiment.experiment_id]) if "mlflow.parentRunId" not in r.data.tags]
-    hours = sum(r.data.metrics["device_hours"] for r in lifecycles)
+    hours = sum(r.data.metrics["summary/device_hours"] for r in lifecycles)
     [row] = [line for line in artifact["data"].splitlines() if line.startswith("| deployments |")]
     assert f"| {len(lifecycles)} |" in row and f"| {hours:.4f} |" in row and "CRASHED" in row, row
     assert "data:image/png;base64," in artifact["data"]
@@ -310,7 +310,8 @@ def test_failure_automation_notifies_a_webhook(deployed):
             "emit_event('trainflow.attempt.failed', "
             "resource={'prefect.resource.id': 'trainflow.run.webhook-probe', 'prefect.resource.name': 'webhook-probe'}, "
             "payload={'attempt': 1, 'outcome': 'CRASHED', 'reason': 'node 1 exited with code 1', 'retry': True, "
-            "'mlflow_run_id': 'abc123'})"
+            "'mlflow_run_id': 'abc123', 'mlflow_url': 'http://127.0.0.1:5000/#/experiments/1/runs/abc123', "
+            "'prefect_url': 'http://127.0.0.1:4200/runs/flow-run/f-1'})"
         )
         subprocess.run([str(BIN / "python"), "-c", emit], env=env, check=True, timeout=60, capture_output=True)
         deadline = time.monotonic() + 60
@@ -320,5 +321,7 @@ def test_failure_automation_notifies_a_webhook(deployed):
         message = Webhook.received[0]
         assert message["subject"] == "trainflow: trainflow.attempt.failed (webhook-probe)"
         assert "attempt 1: CRASHED" in message["text"] and "node 1 exited with code 1" in message["text"]
+        assert "MLflow run: http://127.0.0.1:5000/#/experiments/1/runs/abc123" in message["text"]
+        assert "Prefect flow run: http://127.0.0.1:4200/runs/flow-run/f-1" in message["text"]
     finally:
         server.shutdown()

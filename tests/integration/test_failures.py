@@ -57,15 +57,24 @@ def test_crash_is_retried_from_the_last_committed_checkpoint(cli_env):
     assert attempts[1]["recovery_s"] is not None and attempts[1]["recovery_s"] > 0
     assert "crash loop" in summary["reason"]
     assert job_processes(summary["run_id"]) == []
-    children = MlflowClient(summary["tracking_uri"]).search_runs(
-        [MlflowClient(summary["tracking_uri"]).get_run(summary["mlflow_run_id"]).info.experiment_id],
-        filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'",
+    client = MlflowClient(summary["tracking_uri"])
+    experiment = client.get_experiment(client.get_run(summary["mlflow_run_id"]).info.experiment_id)
+    # a training experiment: MLflow 3's UI opens it on its runs
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    children = client.search_runs(
+        [experiment.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'",
     )
     assert sorted(c.data.tags["outcome"] for c in children) == ["CRASHED", "CRASHED"]
     first = next(c for c in children if c.data.tags["attempt"] == "1")
     assert first.data.params["resumed_from_step"] == "0"
     assert first.data.metrics["lost_steps"] == attempts[0]["lost_steps"]
     assert "detection_latency_s" in first.data.metrics or attempts[0]["detection_latency_s"] is None
+    for child in children:  # each attempt's run spans the attempt and carries its own loss series
+        row = attempts[int(child.data.tags["attempt"]) - 1]
+        assert child.info.start_time / 1000 == pytest.approx(row["started_at"], abs=1.0)
+        assert child.info.end_time / 1000 == pytest.approx(row["ended_at"], abs=1.0)
+        steps = [m.step for m in client.get_metric_history(child.info.run_id, "loss")]
+        assert steps and row["resumed_from_step"] < min(steps), (row, steps)
 
 
 @pytest.mark.parametrize(

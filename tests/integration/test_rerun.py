@@ -41,6 +41,14 @@ def test_rerun_repeats_the_recorded_run_bit_for_bit(finished_runs: FinishedRuns)
     for tag in ["spec_hash", "env_fingerprint", "git_commit", "workload_sha256"]:
         assert rerun.data.tags[tag] == was.data.tags[tag], tag
     assert rerun.data.params == was.data.params  # the recorded spec, seed included, not a re-parsed one
+    verdict = f"no drift; params_sha256 {first['params_sha256']} = the original's"
+    assert rerun.data.tags["rerun_verdict"] == verdict and rerun.data.tags["rerun_params_match_original"] == "true"
+    # the verdict as the rerun's flow run shows it in Prefect (the drifted rerun's says its drift)
+    artifacts = api_json(finished_runs.api, "POST", "/artifacts/filter",
+                         {"artifacts": {"key": {"any_": [f"rerun-{first['mlflow_run_id']}"]}}})
+    [shown] = [a for a in artifacts if a["description"].startswith("no drift")]
+    assert shown["description"] == verdict
+    assert "| Drift | none |" in shown["data"] and "| Parameters match the original | true |" in shown["data"]
 
 
 def test_rerun_refuses_a_drifted_environment_and_creates_nothing(finished_runs: FinishedRuns):

@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import ROOT
 from tests.integration.deployments import (
-    api_json, deploy_all, deployment, process_worker, wait_for_flow_run,
+    api_json, create_flow_run, deploy_all, deployment, process_worker, wait_for_flow_run,
 )
 from tests.integration.webdriver import Browser, ensure_chromium
 
@@ -100,3 +100,58 @@ def test_custom_run_from_the_ui_trains_with_the_changed_field(browser, served):
     browser.wait_for("th, td", text=f"succeeded at step {STEPS} of {STEPS}")
     browser.wait_for("a", text=run.info.run_id)  # the link to the MLflow run
     browser.screenshot(ARTIFACTS / "ui-run-summary.png")
+
+
+def page_shows(browser: Browser, text: str, timeout_s: float = 30) -> bool:
+    """Whether the page's text comes to include `text` (inside a longer element's, as a state message is)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if text in browser.script("return document.body.innerText"):
+            return True
+        time.sleep(0.3)
+    return False
+
+
+@pytest.mark.timeout(900)  # a baseline and a crashed run that recovers, on a shared 2-core machine
+def test_a_crash_drill_shows_the_failed_attempt_and_its_verdict(browser, served):
+    api = served["api"]
+    ui = api.removesuffix("/api")
+    drill = deployment(api, "drill", "fault-drill")
+    created = create_flow_run(api, drill["id"], {"fault": {"kind": "crash", "at_step": 30}, "compare_torchrun": False})
+    flow_run = wait_for_flow_run(api, created["id"], 600, served["worker"], served["log"])
+    assert flow_run["state"]["type"] == "COMPLETED", (flow_run["state"], served["log"].read_text()[-4000:])
+
+    # the faulted run is the drill's subflow: its crashed attempt's task is Failed, with the outcome
+    [faulted] = api_json(api, "POST", "/flow_runs/filter", {
+        "flow_runs": {"parent_flow_run_id": {"any_": [flow_run["id"]]}}, "flows": {"name": {"any_": ["faulted-lifecycle"]}},
+    })
+    assert faulted["state"]["type"] == "COMPLETED"
+    assert "1 of 2 attempts failed: attempt 1 CRASHED at step" in faulted["state"]["message"]
+    tasks = {t["name"]: t for t in api_json(api, "POST", "/task_runs/filter",
+                                            {"flow_runs": {"id": {"any_": [faulted["id"]]}}})}
+    watch = tasks["watch-attempt-1"]
+    assert watch["state"]["type"] == "FAILED" and watch["state"]["message"].startswith("CRASHED at step")
+    assert tasks["classify-attempt-1"]["state"]["name"] == "Recovering"
+    assert tasks["watch-attempt-2"]["state"]["type"] == "COMPLETED"
+
+    browser.open(f"{ui}/runs/task-run/{watch['id']}")
+    browser.wait_for("span, div", text="Failed")
+    browser.screenshot(ARTIFACTS / "ui-drill-failed-attempt.png")
+    assert page_shows(browser, "CRASHED at step"), browser.script("return document.body.innerText")[:4000]
+    browser.open(f"{ui}/runs/flow-run/{faulted['id']}")
+    browser.wait_for("span, div", text="Completed")
+    browser.screenshot(ARTIFACTS / "ui-drill-faulted-run.png")
+
+    # the drill's verdict, as the UI renders its artifact
+    [verdict] = api_json(api, "POST", "/artifacts/filter", {
+        "artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}, "key": {"any_": ["digits-drill-drill-crash"]}}
+    })
+    browser.open(f"{ui}/artifacts/artifact/{verdict['id']}")
+    browser.wait_for("h1", text="Drill crash: PASSED")
+    browser.wait_for("th, td", text="params_match_baseline")
+    assert "| params_match_baseline | true |" in verdict["data"]
+    browser.screenshot(ARTIFACTS / "ui-drill-verdict.png")
+    client = MlflowClient(f"sqlite:///{served['home'] / 'mlflow.db'}")
+    [run] = client.search_runs([client.get_experiment_by_name("digits-drill").experiment_id],
+                               f"tags.prefect_flow_run_id = '{faulted['id']}'")
+    assert run.data.tags["drill_verdict"] == "PASSED" and run.data.tags["drill_params_match_baseline"] == "true"

@@ -30,8 +30,8 @@ def recorded_totals(runs: FinishedRuns) -> dict[str, dict]:
             continue
         team = totals.setdefault(run.data.tags["team"], {"runs": 0, "device_hours": 0.0, "wasted": 0.0, "failures": {}})
         team["runs"] += 1
-        team["device_hours"] += run.data.metrics["device_hours"]
-        team["wasted"] += run.data.metrics["wasted_device_hours"]
+        team["device_hours"] += run.data.metrics["summary/device_hours"]
+        team["wasted"] += run.data.metrics["summary/wasted_device_hours"]
         for child in client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{run.info.run_id}'"):
             outcome = child.data.tags["outcome"]
             if outcome != "SUCCEEDED":

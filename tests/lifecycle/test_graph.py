@@ -53,3 +53,21 @@ def test_the_graph_of_a_retried_run_is_the_lifecycle_dag(run_flow):
         ("launch-attempt-2", "teardown"), ("finalize", "teardown"),
     }
     assert graph_of(summary["prefect_flow_run_id"]) == expected
+
+
+def test_a_failed_attempt_is_failed_in_prefect_and_the_run_that_recovers_is_not(run_flow):
+    outcome, _, _, _ = run_flow([Act(End.crash, steps=5, node=1, checkpoint_at=3), Act(End.finish, checkpoint_at=6)])
+    summary = summary_of(outcome)
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(summary["prefect_flow_run_id"])
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
+    states = {run.name: run.state for run in runs}
+    reason = summary["attempts"][0]["reason"]
+    assert states["watch-attempt-1"].is_failed()
+    assert states["watch-attempt-1"].message == f"CRASHED at step 5: {reason}"
+    assert states["classify-attempt-1"].name == "Recovering"
+    assert states["classify-attempt-1"].message.startswith(f"CRASHED at step 5: {reason}; ")
+    assert states["watch-attempt-2"].is_completed() and states["classify-attempt-2"].name == "Completed"
+    assert flow_run.state.is_completed()
+    assert flow_run.state.message == f"finished at step {summary['final_step']}; 1 of 2 attempts failed: " \
+                                     f"attempt 1 CRASHED at step 5 ({reason})"

@@ -81,3 +81,20 @@ def test_an_unknown_run_is_bad_input(store):
         read_trail(uri, "nope")
     result = CliRunner().invoke(app, ["audit", "nope", "--tracking-uri", uri])
     assert result.exit_code == 2 and "RUN_ID 'nope'" in result.stderr
+
+
+def test_events_print_task_names_and_trainflows_own_payloads_whole():
+    from trainflow.reporting.audit import AuditTrail, EventTrail
+
+    reason = "rank 1 exited with code 3: " + "x" * 300
+    trail = AuditTrail(mlflow_run_id="m", run_id="r", experiment="e", mlflow_status="FINISHED", started_at=0,
+                       ended_at=None, origin={}, identity={}, rerun={}, drift=[], reruns=[], owner="", team="",
+                       params={}, attempts=[], events=[
+                           EventTrail("t1", "prefect.task-run.Failed", "watch-attempt-1", {"state": "y" * 400}),
+                           EventTrail("t2", "trainflow.attempt.failed", "trainflow.run.r", {"reason": reason}),
+                       ])
+    lines = render_trail(trail).splitlines()
+    [task] = [line for line in lines if "prefect.task-run.Failed" in line]
+    assert "watch-attempt-1" in task and task.endswith("...")
+    [own] = [line for line in lines if "trainflow.attempt.failed" in line]
+    assert reason in own

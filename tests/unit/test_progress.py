@@ -26,3 +26,8 @@ def test_a_step_behind_the_last_one_is_another_run_and_restarts_the_rate():
     progress.publish(90, 100, attempt=4, loss=1.0)
     progress.publish(5, 100, attempt=4, loss=1.0)  # the next run in this process, also at its 4th attempt
     assert progress.current().step == 5 and progress.current().eta_s() is None
+
+
+def test_the_bar_says_starting_until_the_first_step():
+    assert progress.steps_text(progress.Progress()) == "starting…"
+    assert progress.steps_text(progress.Progress(step=20, total=60)) == "step 20/60"

@@ -48,12 +48,18 @@ def draw_while(running: threading.Event) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeRemainingColumn
 
-    with Bar(TextColumn("attempt {task.fields[attempt]}"), BarColumn(), TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
+    with Bar(TextColumn("attempt {task.fields[attempt]}"), BarColumn(), TextColumn("{task.fields[steps]}"),
              TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(), console=Console(stderr=True),
              transient=True) as bar:
-        task = bar.add_task("train", total=1, attempt=1, loss="-")
+        task = bar.add_task("train", total=1, attempt=1, loss="-", steps=steps_text(current()))
         while running.is_set():
             now = current()
             loss = f"{now.loss:.4f}" if now.loss is not None else "-"
-            bar.update(task, completed=now.step, total=max(now.total, 1), attempt=now.attempt, loss=loss)
+            bar.update(task, completed=now.step, total=max(now.total, 1), attempt=now.attempt, loss=loss,
+                       steps=steps_text(now))
             time.sleep(0.25)
+
+
+def steps_text(progress: Progress) -> str:
+    """'step 20/60', or 'starting…' until the first step is reported (provisioning, image, launch)."""
+    return f"step {progress.step}/{progress.total}" if progress.total else "starting…"

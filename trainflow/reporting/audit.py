@@ -220,7 +220,9 @@ def add_events(trail: AuditTrail, api: str | None) -> None:
         trail.events_note = f"Prefect events not read: {exc}"
         return
     trail.events = [
-        EventTrail(e.get("occurred", ""), e.get("event", ""), e.get("resource", {}).get("prefect.resource.id", ""),
+        # a task run by its name (watch-attempt-1), not its id
+        EventTrail(e.get("occurred", ""), e.get("event", ""),
+                   (e.get("resource", {}).get("prefect.resource.name") or e.get("resource", {}).get("prefect.resource.id", "")),
                    e.get("payload") or {})
         for e in events
     ]

@@ -7,7 +7,8 @@ from datetime import datetime, timezone
 
 from trainflow.reporting.audit import AuditTrail
 
-PAYLOAD_CHARS = 160  # an event's payload is cut to this for the one line it gets
+PAYLOAD_CHARS = 160  # Prefect's own events' payloads (whole states) are cut to this for the one line they get
+OWN_EVENTS = "trainflow."  # trainflow's events are printed whole: their payload is what happened
 
 
 def _clock(ms: int | None) -> str:
@@ -49,6 +50,7 @@ def render_trail(trail: AuditTrail) -> str:
     lines.append(f"Prefect events: {trail.events_note}")
     for event in trail.events:
         payload = json.dumps(event.payload, default=str)
-        payload = payload if len(payload) <= PAYLOAD_CHARS else payload[: PAYLOAD_CHARS - 3] + "..."
+        if not event.event.startswith(OWN_EVENTS) and len(payload) > PAYLOAD_CHARS:
+            payload = payload[: PAYLOAD_CHARS - 3] + "..."
         lines.append(f"  {event.occurred}  {event.event}  {event.resource}  {payload}")
     return "\n".join(lines)

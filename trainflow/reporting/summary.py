@@ -10,7 +10,13 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from trainflow.contracts import AttemptResult, Outcome, RunSummary
-from trainflow.contracts.ledger import percent
+from trainflow.contracts.ledger import percent, seconds
+
+
+# the one duration of a run every figure uses (costs.wall_s), and what the UIs' own durations are
+WALL_TIME = "first attempt's start to last attempt's end"
+OTHER_DURATIONS = ("the MLflow run's duration adds tracking set-up and finalize, the Prefect flow run's "
+                   "validation, quota, provisioning and teardown")
 
 
 def run_status(results: list[AttemptResult]) -> str:
@@ -63,7 +69,9 @@ def closing_lines(summary: RunSummary | dict, prefect_ui_url: str | None) -> lis
     for row in s.attempts:
         steps = f" (from step {row.resumed_from_step} to {row.last_step})" if steps_seen else ""
         lines.append(f"  attempt {row.attempt}: {row.outcome.value}{steps}")
-    lines.append(f"  goodput {percent(s.goodput)}" if steps_seen else "  goodput: not measured (no step reports)")
+    wall = f"{seconds(s.costs.wall_s)} wall time ({WALL_TIME})"
+    lines.append(f"  goodput {percent(s.goodput)} of {wall}" if steps_seen
+                 else f"  goodput: not measured (no step reports); {wall}")
     if s.checkpoints:
         lines.append(f"  latest checkpoint: {s.checkpoints[-1].uri}")
     if s.quota is not None:

@@ -25,6 +25,10 @@ from trainflow.spec import RunSpec
 
 PARENT_TAG = "mlflow.parentRunId"
 DEFAULT_STORE_PATIENCE_S = 120.0  # as the spec's tracking.store_patience_s
+# MLflow 3's UI opens an experiment by its kind: without one it guesses, and may open a training
+# experiment on the GenAI overview (traces, evaluations) instead of its runs
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_EXPERIMENT = "custom_model_development"
 
 
 def tracking_uri_for(spec: RunSpec) -> str:
@@ -121,20 +125,27 @@ class Tracker:
     def experiment_id(self, name: str) -> str:
         existing = self.client.get_experiment_by_name(name)
         if existing is not None:
+            if EXPERIMENT_KIND_TAG not in existing.tags:  # a kind someone chose is theirs to keep
+                self.client.set_experiment_tag(existing.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT)
             return existing.experiment_id
         location = None
         if self.uri.startswith("sqlite:"):
             # A SQLite store would otherwise put artifacts under ./mlruns of whatever the cwd is.
             location = experiment_artifacts(name).as_uri()
-        return self.client.create_experiment(name, artifact_location=location)
+        return self.client.create_experiment(name, artifact_location=location,
+                                             tags={EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT})
 
-    def start_run(self, experiment: str, run_name: str, tags: dict[str, str], parent: str | None = None) -> str | None:
+    def start_run(self, experiment: str, run_name: str, tags: dict[str, str], parent: str | None = None,
+                  start_time: float | None = None) -> str | None:
+        """A new run; `start_time` (unix seconds): when what it records began, by default now."""
         tags = dict(tags)
         if parent:
             tags[PARENT_TAG] = parent
 
         def create() -> str:
-            return self.client.create_run(self.experiment_id(experiment), run_name=run_name, tags=tags).info.run_id
+            start_ms = None if start_time is None else int(start_time * 1000)
+            return self.client.create_run(self.experiment_id(experiment), run_name=run_name, tags=tags,
+                                          start_time=start_ms).info.run_id
 
         return self._writes.call(create, f"run {run_name}")
 
@@ -185,9 +196,12 @@ class Tracker:
 
         return self._writes.call(read, f"the nested runs of {parent_run_id}") or {}
 
-    def end_run(self, run_id: str | None, status: str) -> None:
+    def end_run(self, run_id: str | None, status: str, end_time: float | None = None) -> None:
+        """End a run; `end_time` (unix seconds): when what it records ended, by default now."""
         if run_id:
-            self._writes.call(lambda: self.client.set_terminated(run_id, status=status), f"the end of {run_id}")
+            end_ms = None if end_time is None else int(end_time * 1000)
+            self._writes.call(lambda: self.client.set_terminated(run_id, status=status, end_time=end_ms),
+                              f"the end of {run_id}")
 
     def run_status(self, run_id: str) -> str:
         """RUNNING, FINISHED, FAILED or KILLED; UNKNOWN when the store does not answer."""

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from trainflow.reporting.figures import summary_figures
 from trainflow.reporting.tracking import PARENT_TAG
 
 NO_GROUP = "(none)"
@@ -206,7 +207,7 @@ def _checkpoint_bytes(client: MlflowClient, run_id: str) -> int:
 
 
 def _usage_of(client: MlflowClient, run, experiment: str, attempts: list) -> RunUsage:
-    tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
+    tags, metrics, params = run.data.tags, summary_figures(run.data.metrics), run.data.params
     world_size = int(params.get("world_size") or 0)
     failures = Counter(a.data.tags["outcome"] for a in attempts if a.data.tags.get("outcome", "SUCCEEDED") != "SUCCEEDED")
     detection_s = sum(

@@ -37,13 +37,19 @@ class Tracking(Section):
     """Where the run is recorded."""
 
     uri: str | None = Field(
-        default=None, title="MLflow tracking URI", description="Default: sqlite:///<TRAINFLOW_HOME>/mlflow.db."
+        default=None, title="MLflow tracking URI", description="Default: sqlite:///$TRAINFLOW_HOME/mlflow.db."
     )
     experiment: str | None = Field(
         default=None,
         title="Experiment",
         description="Default: the spec's name. At most 500 characters; no path separators, control "
         "characters or '..'.",
+    )
+    ui_url: Annotated[str, Field(pattern=r"^https?://")] | None = Field(
+        default=None,
+        title="MLflow UI address",
+        description="Where the links of the run's summary and notifications open MLflow. Default: the tracking "
+        "URI when it is an MLflow server, else http://127.0.0.1:5000, where `mlflow ui` serves a local store.",
     )
     tags: dict[str, str] = Field(
         default_factory=dict,

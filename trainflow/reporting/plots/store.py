@@ -11,6 +11,7 @@ from mlflow.tracking import MlflowClient
 from pydantic import ValidationError
 
 from trainflow.contracts import RunSummary
+from trainflow.reporting.figures import summary_figures
 from trainflow.reporting.plots.data import PLOT_METRICS, Histories
 
 PARENT_TAG = "mlflow.parentRunId"
@@ -64,7 +65,7 @@ def runs_table(client: MlflowClient, experiment: str) -> list[dict]:
     parents, _ = experiment_runs(client, experiment)
     rows = []
     for run in parents:
-        metrics, tags = run.data.metrics, run.data.tags
+        metrics, tags = summary_figures(run.data.metrics), run.data.tags
         rows.append(
             {
                 "mlflow_run_id": run.info.run_id,
