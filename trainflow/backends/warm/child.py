@@ -13,15 +13,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-AGENT = "agent"
-WORKER = "worker"
+from trainflow.backends.warm.protocol import AGENT, WORKER, NotForkable
+
 CHANNEL_FD_ENV = "TRAINFLOW_WARM_CHANNEL_FD"  # the agent's channel to its node's zygote
 # the signals the zygote handles itself: blocked across a fork until the child has reset them
 CHILD_SIGNALS = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-
-
-class NotForkable(ValueError):
-    """A command a zygote cannot run as a fork: it must be started the usual way."""
 
 
 @dataclass
