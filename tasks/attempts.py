@@ -62,12 +62,13 @@ def release_attempt(launched: Launched, result: AttemptResult) -> AttemptResult:
         if path.exists():
             tracker.log_file(child, path, "logs")
     attempt_dir = next(iter(handle.logs.values())).parent if handle.logs else None
-    for index, error_file in enumerate(sorted(attempt_dir.glob("torchrun/**/error.json")) if attempt_dir else []):
-        tracker.log_file(child, error_file, f"logs/errors/{index}")
-    # each rank's own stderr: torchrun/node-<k>/<run>/attempt_0/<local rank>/stderr.log
-    for stderr_file in sorted(attempt_dir.glob("torchrun/node-*/*/attempt_*/*/stderr.log")) if attempt_dir else []:
-        node_dir = stderr_file.relative_to(attempt_dir / "torchrun").parts[0]
-        tracker.log_file(child, stderr_file, f"logs/stderr/{node_dir}/local-rank-{stderr_file.parent.name}")
+    if attempt_dir is not None:
+        for index, error_file in enumerate(sorted(attempt_dir.glob("torchrun/**/error.json"))):
+            tracker.log_file(child, error_file, f"logs/errors/{index}")
+        # each rank's own stderr: torchrun/node-<k>/<run>/attempt_0/<local rank>/stderr.log
+        for stderr_file in sorted(attempt_dir.glob("torchrun/node-*/*/attempt_*/*/stderr.log")):
+            node_dir = stderr_file.relative_to(attempt_dir / "torchrun").parts[0]
+            tracker.log_file(child, stderr_file, f"logs/stderr/{node_dir}/local-rank-{stderr_file.parent.name}")
     tracker.set_tags(child, {"reason": result.reason[:5000]})
     tracker.end_run(child, "FINISHED" if result.outcome.value == "SUCCEEDED" else "FAILED")
     get_run_logger().info("attempt %d released (%d process(es) stopped); its logs: MLflow run %s, artifacts logs/",

@@ -107,7 +107,7 @@ class StatusServer:
 
         self._server = Server((host, port), Handler)
         bound_host, self.port = self._server.server_address[:2]
-        self.host = advertise_host or bound_host  # where workers connect; may differ from 0.0.0.0
+        self.host = advertise_host or str(bound_host)  # where workers connect; may differ from 0.0.0.0
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.2,), daemon=True)
         self._thread.start()
 

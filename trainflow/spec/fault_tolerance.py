@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 from trainflow.contracts import RETRYABLE, Outcome
 from trainflow.section import Section
 
-DEFAULT_RETRY_ON = [o for o in RETRYABLE if o != Outcome.USER_ERROR]
+DEFAULT_RETRY_ON: list[Outcome] = [o for o in RETRYABLE if o != Outcome.USER_ERROR]
 
 
 class FaultTolerance(Section):
