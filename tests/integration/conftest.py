@@ -74,7 +74,8 @@ def summary_of(result: subprocess.CompletedProcess) -> dict:
     try:
         return json.loads(lines[-1])
     except ValueError:
-        raise AssertionError(f"last stdout line is not JSON:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
+        raise AssertionError(
+            f"last stdout line is not JSON:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}") from None
 
 
 def job_processes(run_id: str) -> list[psutil.Process]:

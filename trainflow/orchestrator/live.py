@@ -2,8 +2,9 @@
 
 Task results are plain records. What cannot be one lives here, under the run's id: the backend's
 launcher (it holds the processes), the status channel (a listening socket), the MLflow client, the
-checkpoint store's client (opened once, from the spec's URI), and each attempt's feed of checkpoint commits from the watch to the flow, which snapshots them while the
-watch goes on. Provision opens a run's parts and teardown closes them.
+checkpoint store's client (opened once, from the spec's URI), and each attempt's feed of checkpoint
+commits from the watch to the flow, which snapshots them while the watch goes on. Provision opens a
+run's parts and teardown closes them.
 """
 
 from __future__ import annotations
@@ -69,8 +70,7 @@ def end_commits(run_id: str, attempt: int) -> None:
 def commits(run_id: str, attempt: int) -> Iterator[dict]:
     """The attempt's commits as the watch passes them on, until its watch is over."""
     feed = _feed(run_id, attempt)
-    for item in iter(feed.get, _END):
-        yield item
+    yield from iter(feed.get, _END)
     parts = parts_of(run_id)
     with _lock:
         parts.commit_feeds.pop(attempt, None)
