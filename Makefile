@@ -9,7 +9,7 @@ RUN_SPEC ?= examples/digits/spec.yaml
 PREFECT_API_URL ?= http://127.0.0.1:4200/api
 PREFECT := PREFECT_API_URL=$(PREFECT_API_URL) $(BIN)/prefect
 
-.PHONY: venv run test unit integration lock clean deploy bench slurm-up slurm-down
+.PHONY: venv run check unit processes test lock clean deploy bench slurm-up slurm-down
 
 venv: $(STAMP)
 
@@ -32,6 +32,14 @@ deploy: $(STAMP)
 	$(PREFECT) work-queue inspect research --pool trainflow-local >/dev/null 2>&1 || $(PREFECT) work-queue create research --pool trainflow-local --priority 2
 	PWD=$(CURDIR) $(PREFECT) --no-prompt deploy --all
 
+# Before every commit, in under a minute: types, the import rules and the unit tests that start no
+# process (one that does fails here: mark it, see tests/conftest.py).
+check: $(STAMP)
+	$(BIN)/mypy
+	PYTHONPATH=$(CURDIR) $(BIN)/lint-imports
+	$(BIN)/python -m pytest --without-processes -q tests/unit
+
+# Every test, both tiers (CI).
 test: $(STAMP)
 	$(BIN)/python -m pytest tests
 
@@ -44,8 +52,14 @@ slurm-up: $(STAMP)
 slurm-down: $(STAMP)
 	$(BIN)/python -m trainflow.backends.slurm.local_cluster down $(SLURM_CLUSTER)
 
+# All of tests/unit, the ones that start processes (torchrun, spawned ranks, Python subprocesses) too.
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
+
+# The tests that start processes or servers: a real Prefect server, moto, torchrun; the lifecycle under
+# Prefect's test harness; the Slurm cluster when root.
+processes: $(STAMP)
+	$(BIN)/python -m pytest -m processes tests
 
 # Measured figures, side by side with bare torchrun and raw boto3: bench/results.json, BENCHMARKS.md.
 bench: $(STAMP)

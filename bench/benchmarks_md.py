@@ -47,10 +47,12 @@ def markdown(results: dict) -> str:
         "(the background writes compete with training for this machine's 2 cores; see Checkpoints). "
         f"torchrun's own worker restart, restoring nothing: {results['torchrun_restart_s']:.2f} s.",
         "",
-        "## Drills (80 steps, checkpoint every 10, fault at step 30; the straggler: 600 steps, checkpoint every 100; the storage outage: 4000 steps, checkpoint every 200)"
+        "## Drills (80 steps, checkpoint every 10, fault at step 30; the straggler: 600 steps, checkpoint every 100; "
+        "the storage outage: 4000 steps, checkpoint every 200)"
         + (f"; measured {results['drills_run']['measured_at']}, see Recovery" if "drills_run" in results else ""),
         "",
-        "| fault | detected as | detection (s) | recovery (s) | recovery / torchrun | lost steps | exact resume | released |",
+        "| fault | detected as | detection (s) | recovery (s) | recovery / torchrun | lost steps | exact resume "
+        "| released |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for kind, report in results["drills"].items():

@@ -81,7 +81,8 @@ def markdown(tax: dict) -> list[str]:
     return [
         title, "",
         f"Measured {tax['measured_at']}; load average (1, 5, 15 min) before "
-        f"{', '.join(f'{x:.1f}' for x in tax['load_before'])}, after {', '.join(f'{x:.1f}' for x in tax['load_after'])} "
+        f"{', '.join(f'{x:.1f}' for x in tax['load_before'])}, "
+        f"after {', '.join(f'{x:.1f}' for x in tax['load_after'])} "
         "(the machine is shared: other work runs beside the rounds).", "",
         "| | bare torchrun | trainflow | ratio (target ≥ 0.95) |",
         "|---|---|---|---|",

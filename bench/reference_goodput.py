@@ -92,7 +92,8 @@ def markdown(results: dict) -> list[str]:
         "",
         "| figure | value |",
         "|---|---|",
-        f"| goodput (target ≥ {results['target']:.2f}) | {results['goodput']:.3f} ({'met' if results['met'] else 'not met'}) |",
+        f"| goodput (target ≥ {results['target']:.2f}) "
+        f"| {results['goodput']:.3f} ({'met' if results['met'] else 'not met'}) |",
         f"| outcomes | {', '.join(results['outcomes'])}; final status {results['status']} |",
         f"| wall time (s) | {results['wall_s']:.1f} |",
         f"| productive (s) | {results['productive_s']:.1f} |",

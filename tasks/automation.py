@@ -82,7 +82,11 @@ def install(name: str = DEFAULT_NAME, webhook_url: str | None = None, block: str
 
     if (webhook_url is None) == (block is None):
         raise AutomationError("give exactly one of --webhook-url URL or --block TYPE/NAME")
-    block_id, block_slug = _webhook_block(webhook_url) if webhook_url else _existing_block(block)
+    if webhook_url is not None:
+        block_id, block_slug = _webhook_block(webhook_url)
+    else:
+        assert block is not None  # exactly one of the two, checked above
+        block_id, block_slug = _existing_block(block)
     automation = AutomationCore(
         name=name,
         description="Notify when a trainflow attempt or run fails (installed by `trainflow automation install`).",

@@ -22,7 +22,7 @@ class HandOff:
     holding what came before would link each task to every stage before it. A hand-off is taken
     whole, and the graph's edges are the hand-offs."""
 
-    __slots__ = ()
+    __slots__: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={getattr(self, k)!r}' for k in self.__slots__)})"

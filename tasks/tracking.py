@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from uuid import UUID
 
 from prefect import get_client, get_run_logger
 from prefect.runtime import deployment, flow_run
@@ -38,7 +39,7 @@ def name_flow_run(flow_run_id: str, run_id: str) -> None:
     Prefect UI (the flow's own name template only knows the spec's name)."""
     try:
         with get_client(sync_client=True) as client:
-            client.set_flow_run_name(flow_run_id, run_id)
+            client.set_flow_run_name(UUID(flow_run_id), run_id)
     except Exception as exc:  # noqa: BLE001 - a name is for people, never worth a failed run
         get_run_logger().warning("flow run not renamed to %s: %s: %s", run_id, type(exc).__name__, exc)
 

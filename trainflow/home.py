@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trainflow.checkpoint.location import is_s3
+from trainflow.checkpoint.location import is_remote
 
 
 def trainflow_home() -> Path:
@@ -27,8 +27,8 @@ def runs_root() -> Path:
 
 
 def resolve_checkpoint_uri(uri: str) -> str:
-    """s3:// URIs stay as they are; relative local paths live under the home folder."""
-    if is_s3(uri):
+    """A remote store's URI stays as it is; relative local paths live under the home folder."""
+    if is_remote(uri):
         return uri
     if uri.startswith("file://"):
         uri = uri.removeprefix("file://")

@@ -308,7 +308,8 @@ def test_failure_automation_notifies_a_webhook(deployed):
         emit = (
             "from prefect.events import emit_event; "
             "emit_event('trainflow.attempt.failed', "
-            "resource={'prefect.resource.id': 'trainflow.run.webhook-probe', 'prefect.resource.name': 'webhook-probe'}, "
+            "resource={'prefect.resource.id': 'trainflow.run.webhook-probe', "
+            "'prefect.resource.name': 'webhook-probe'}, "
             "payload={'attempt': 1, 'outcome': 'CRASHED', 'reason': 'node 1 exited with code 1', 'retry': True, "
             "'mlflow_run_id': 'abc123', 'mlflow_url': 'http://127.0.0.1:5000/#/experiments/1/runs/abc123', "
             "'prefect_url': 'http://127.0.0.1:4200/runs/flow-run/f-1'})"

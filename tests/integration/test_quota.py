@@ -148,7 +148,7 @@ def test_a_teams_runs_queue_for_its_quota_while_another_team_runs(cli_env, prefe
     third = start_run(cli_env, tmp_path, "third", *team_args(vision), *SHORT)
     kill_on_exit += [second, third]
     for queued in (second, third):
-        wait_until(lambda: f"queued for quota trainflow-team-{vision}" in stderr_of(queued),
+        wait_until(lambda queued=queued: f"queued for quota trainflow-team-{vision}" in stderr_of(queued),
                    f"{queued.name} queued", [first, queued])
 
     # the other team runs to the end while all of vision's devices are held

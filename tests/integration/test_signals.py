@@ -81,7 +81,7 @@ def wait_exit(proc: subprocess.Popen) -> int:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        raise AssertionError(f"the run did not end within {DEADLINE_S} s:\n{stderr_of(proc)[-4000:]}")
+        raise AssertionError(f"the run did not end within {DEADLINE_S} s:\n{stderr_of(proc)[-4000:]}") from None
 
 
 def temporary_server(proc: subprocess.Popen) -> tuple[psutil.Process, int]:

@@ -119,7 +119,8 @@ class Browser:
             element = self.script(
                 """const span = [...document.querySelectorAll('.schema-form-property__label')]
                      .find(s => s.textContent.trim().startsWith(arguments[0]));
-                   return span ? span.closest('.schema-form-property').querySelector('input, textarea, select') : null;""",
+                   const field = span ? span.closest('.schema-form-property') : null;
+                   return field ? field.querySelector('input, textarea, select') : null;""",
                 label,
             )
             if element:

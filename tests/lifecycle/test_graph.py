@@ -31,7 +31,7 @@ def attempt_edges(k: int, snapshot_steps: list[int], earlier_results: list[str])
     }
 
 
-def test_the_graph_of_a_retried_run_is_the_lifecycle_dag(run_flow):
+def test_the_graph_of_a_retried_run_is_the_lifecycle_dag(run_flow):  # noqa: F811  the fixture imported above
     outcome, _, _, _ = run_flow([Act(End.crash, steps=5, node=1, checkpoint_at=3), Act(End.finish, checkpoint_at=6)])
     summary = summary_of(outcome)
     assert [a["outcome"] for a in summary["attempts"]] == ["CRASHED", "SUCCEEDED"]

@@ -16,7 +16,6 @@ import pytest
 
 import psutil
 
-from tests.integration.conftest import cli_env, prefect_api, s3, s3_endpoint  # noqa: F401
 from trainflow.backends.slurm.local_cluster import LocalCluster
 from trainflow.worker_config import JOB_ENV
 

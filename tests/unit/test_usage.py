@@ -17,7 +17,8 @@ from trainflow.reporting.tracking import Tracker
 from trainflow.reporting.usage import GroupBy, RunUsage, UsageError, build_report, compare_limits, parse_since, peak_devices
 
 RUNS = [
-    # experiment, team, owner, world size, status, device_hours, wasted, lost_work_s, recovery_s, attempts, quota wait, checkpoint bytes
+    # experiment, team, owner, world size, status, device_hours, wasted, lost_work_s, recovery_s, attempts,
+    # quota wait, checkpoint bytes
     ("digits", "vision", "ada", 2, "succeeded", 0.5, 0.1, 60.0, 30.0, [("CRASHED", 2, 1.5), ("SUCCEEDED", 2, None)], 12.0, [100, 200]),
     ("digits", "vision", "bob", 4, "failed", 1.0, 0.4, 120.0, 0.0, [("HUNG", 4, 9.0), ("NODE_LOST", 3, 4.0)], None, [50]),
     ("nlp", "nlp", "ada", 2, "succeeded", 0.25, 0.0, 0.0, 0.0, [("SUCCEEDED", 2, None)], 3.0, []),

@@ -11,6 +11,13 @@ def is_s3(uri: str) -> bool:
     return uri.startswith(S3_SCHEME)
 
 
+def is_remote(uri: str) -> bool:
+    """A store off this machine (S3): every node and the orchestrator share it, files reach it over
+    the network (which can fail for a while), and its URI means the same everywhere. Anything else is
+    a folder on this machine's disk."""
+    return is_s3(uri)
+
+
 @dataclass(frozen=True)
 class S3Location:
     """A bucket and the key prefix under it (no leading or trailing slash)."""

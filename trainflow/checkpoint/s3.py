@@ -22,7 +22,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from trainflow.checkpoint.location import S3Location
-from trainflow.checkpoint.storage import AlreadyExists, Incomplete, StorageError
+from trainflow.checkpoint.store import AlreadyExists, Incomplete, StorageError
 
 MB = 1 << 20
 

@@ -13,47 +13,13 @@ import shutil
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from trainflow.checkpoint.location import is_s3
+from trainflow.checkpoint.store import AlreadyExists, Incomplete, Storage, StorageError
 from trainflow.private_files import make_folders
 
 PARTIAL = ".partial-"  # suffix of a file still being written
-
-
-class StorageError(RuntimeError):
-    """The checkpoint store could not be read or written."""
-
-
-class AlreadyExists(StorageError):
-    """A conditional write found the key already present."""
-
-
-@dataclass(frozen=True)
-class Incomplete:
-    """An upload that was started and never finished: a multipart upload, or a partial file."""
-
-    key: str
-    upload_id: str = ""
-
-
-class Storage(Protocol):
-    uri: str
-
-    def upload(self, path: Path, key: str) -> None: ...
-    def download(self, key: str, path: Path) -> None: ...
-    def upload_many(self, pairs: list[tuple[Path, str]]) -> None: ...
-    def download_many(self, pairs: list[tuple[str, Path]]) -> None: ...
-    def put_if_absent(self, key: str, data: bytes) -> None: ...
-    def read(self, key: str) -> bytes: ...
-    def size(self, key: str) -> int | None: ...
-    def list(self, prefix: str = "") -> list[str]: ...
-    def delete(self, keys: list[str]) -> None: ...
-    def list_incomplete(self, prefix: str = "") -> list[Incomplete]: ...
-    def abort_incomplete(self, items: list[Incomplete]) -> None: ...
-    def check(self) -> None: ...
 
 
 @contextmanager

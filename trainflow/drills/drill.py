@@ -63,7 +63,7 @@ def check_plan(spec: RunSpec, plan: FaultPlan) -> None:
         raise SpecError(f"--rank {plan.rank}: the world size is {spec.world_size}")
     if plan.node is not None and plan.node >= spec.resources.nodes:
         raise SpecError(f"--node {plan.node}: the job has {spec.resources.nodes} node(s)")
-    if plan.kind == FaultKind.storage_outage and not spec.checkpoint.is_s3:
+    if plan.kind == FaultKind.storage_outage and not spec.checkpoint.is_remote:
         raise SpecError("--fault storage-outage: needs an s3:// checkpoint.uri")
     first_checkpoint = spec.checkpoint.every_steps
     if plan.kind == FaultKind.corrupt_checkpoint and plan.at_step <= first_checkpoint:

@@ -41,7 +41,7 @@ def soak_kinds(spec: RunSpec, wanted: list[FaultKind] | None = None) -> tuple[li
     """The kinds this soak injects, and why each other kind is not: asked-for kinds that cannot run
     here are refused, naming the option."""
     missing = {}
-    if not spec.checkpoint.is_s3 or not (os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")):
+    if not spec.checkpoint.is_remote or not (os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")):
         missing[FaultKind.storage_outage] = "needs an s3:// checkpoint.uri and AWS_ENDPOINT_URL_S3"
     if not can_make_hosts():
         missing[FaultKind.node_loss] = "needs root and iproute2 (a network namespace per node)"

@@ -205,12 +205,14 @@ def classify_exit(
         if plain:
             return Outcome.SUCCEEDED, "every rank exited 0"
         if everyone_finished(status, world_size):
+            assert status.finished is not None  # everyone_finished() has read it
             return Outcome.SUCCEEDED, f"finished at step {status.finished['step']}"
         return Outcome.USER_ERROR, "workers exited 0 without finishing (did the script call run.finish()?)"
     if not plain and everyone_finished(status, world_size) and all(stopped_by_sigterm(e) for e in failed):
         # the work is done and committed; a signal that came after it (a preemption, the time limit)
         # cut only the agents' exit short: a retry would have nothing to train
         nodes = ", ".join(str(e.node) for e in sorted(failed, key=lambda e: e.node))
+        assert status.finished is not None  # everyone_finished() has read it
         return Outcome.SUCCEEDED, f"finished at step {status.finished['step']} (then SIGTERM stopped node(s) {nodes})"
     if status.diverged is not None:
         hashes = status.diverged.get("hashes")

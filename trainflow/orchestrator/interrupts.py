@@ -33,8 +33,8 @@ def signals_deferred() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    for signum in arrived[:1]:
-        signal.raise_signal(signum)
+    for held in arrived[:1]:
+        signal.raise_signal(held)
 
 
 def signal_name(signum: int) -> str:

@@ -31,6 +31,7 @@ import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from trainflow.backends import AttemptHandle, Launcher
 from trainflow.backends.abilities import DescribesNodes, DumpsStacks, KnowsRankProcesses, ProbesNodes
@@ -147,7 +148,7 @@ class AttemptWatcher:
             if now - self.handle.started_at > self.limits.startup_timeout_s:
                 reason = (f"no worker reported within fault_tolerance.startup_timeout_s "
                           f"({self.limits.startup_timeout_s:g}s) of launch")
-                evidence = {"startup_timeout_s": self.limits.startup_timeout_s}
+                evidence: dict[str, Any] = {"startup_timeout_s": self.limits.startup_timeout_s}
                 if isinstance(self.launcher, DescribesNodes):  # why nothing started, as the backend sees it
                     evidence["nodes_seen"] = self.launcher.describe(self.handle)
                 return self._hung(reason, self.channel.snapshot(), now, None, evidence)

@@ -1,1 +1,2 @@
-"""What a run leaves for people: the one MLflow writer, the summary, the diagnosis, the pictures, usage and audit reports."""
+"""What a run leaves for people: the one MLflow writer, the summary, the diagnosis, the pictures,
+usage and audit reports."""

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, replace
 
 from trainflow.checkpoint.catalog import checkpoint_prefix
-from trainflow.checkpoint.location import is_s3
+from trainflow.checkpoint.location import is_remote
 from trainflow.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest
 from trainflow.checkpoint.policy import SnapshotPolicy
 from trainflow.checkpoint.storage import StorageError
@@ -38,9 +38,9 @@ class Publisher:
         self.policy = policy
         self._unfinished: set[str] = set()  # durable keys this rank failed to upload: aborted later
         self._stall_backlog = 0.0  # rank 0: training time spent on saves not yet reported in an event
-        # uploads to S3 run in a helper process: its threads never take the GIL from training
+        # uploads to a remote store run in a helper process: its threads never take the GIL from training
         storage = ctx.storage
-        self._uploader = TransferAgent(storage.uri) if is_s3(storage.uri) else storage
+        self._uploader = TransferAgent(storage.uri) if is_remote(storage.uri) else storage
 
     def close(self) -> None:
         if isinstance(self._uploader, TransferAgent):

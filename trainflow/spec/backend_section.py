@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from enum import Enum
-from typing import Annotated, Any, Union
+from typing import TYPE_CHECKING, Annotated, Any, Union
 
 from pydantic import Discriminator, Tag, ValidationError
 
@@ -27,10 +27,13 @@ def _backend_of(value: Any) -> str | None:
 
 # a callable discriminator: pydantic refuses a Literal one on models whose every field has a
 # before-validator (Section's numbers-are-numbers check)
-BackendConfigs = Annotated[
-    Union[tuple(Annotated[config, Tag(name)] for name, config in backend_configs().items())],  # noqa: UP007
-    Discriminator(_backend_of),
-]
+if TYPE_CHECKING:  # the union is built from the registry at run time; its members are BackendConfigs
+    BackendConfigs = BackendConfig
+else:
+    BackendConfigs = Annotated[
+        Union[tuple(Annotated[config, Tag(name)] for name, config in backend_configs().items())],  # noqa: UP007
+        Discriminator(_backend_of),
+    ]
 
 
 def _owns_section(config: type[BackendConfig], spec_fields: Iterable[str]) -> bool:
@@ -90,7 +93,7 @@ def _take(raw: dict, config: type[BackendConfig], spec_fields: list[str]) -> tup
 
 def _is_default(config: type[BackendConfig], values: dict) -> bool:
     try:
-        return config.model_validate(values).model_dump() == config().model_dump()
+        return config.model_validate(values).model_dump() == config.model_validate({}).model_dump()
     except ValidationError:
         return False
 
@@ -106,7 +109,7 @@ def to_user_shape(dumped: dict, mode: str, by_alias: bool | None, spec_fields: I
         if chosen.get("backend") == name:
             values = {key: value for key, value in chosen.items() if key != "backend"}
         else:
-            values = config().model_dump(mode=mode, by_alias=bool(by_alias), exclude={"backend"})
+            values = config.model_validate({}).model_dump(mode=mode, by_alias=bool(by_alias), exclude={"backend"})
         if _owns_section(config, spec_fields):
             dumped[config.location] = values
         elif isinstance(dumped.get(config.location), dict):

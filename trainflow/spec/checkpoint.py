@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
-from trainflow.checkpoint.location import S3Location, is_s3
+from trainflow.checkpoint.location import S3Location, is_remote, is_s3
 from trainflow.section import Section
 
 _URI_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):/")
@@ -82,5 +82,6 @@ class Checkpoint(Section):
         return self
 
     @property
-    def is_s3(self) -> bool:
-        return is_s3(self.uri)
+    def is_remote(self) -> bool:
+        """The store is off this machine and shared by every node (trainflow.checkpoint.location)."""
+        return is_remote(self.uri)

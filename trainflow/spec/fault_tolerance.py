@@ -10,7 +10,7 @@ from trainflow.contracts import RETRYABLE, Outcome
 from trainflow.section import Section
 from trainflow.spec.retry_rules import RetryRule
 
-DEFAULT_RETRY_ON = [o for o in RETRYABLE if o != Outcome.USER_ERROR]
+DEFAULT_RETRY_ON: list[Outcome] = [o for o in RETRYABLE if o != Outcome.USER_ERROR]
 
 
 class FaultTolerance(Section):

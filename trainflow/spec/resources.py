@@ -13,7 +13,7 @@ from trainflow.section import Section
 
 # resources.backend takes the name of a registered backend; each backend's own settings are its
 # config section (RunSpec.backend_config)
-Backend = Enum("Backend", {name: name for name in backend_names()}, type=str)
+Backend = Enum("Backend", {name: name for name in backend_names()}, type=str)  # type: ignore[misc]  # members known at run time
 
 
 class Resources(Section):

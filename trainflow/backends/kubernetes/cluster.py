@@ -65,7 +65,8 @@ class KubeCluster:
                     api_client = config.new_client_from_config()
                 except (config.ConfigException, OSError) as exc:
                     raise ClusterError(
-                        f"no Kubernetes cluster configured ({exc}): run in a pod with a service account or set KUBECONFIG"
+                        f"no Kubernetes cluster configured ({exc}): "
+                        "run in a pod with a service account or set KUBECONFIG"
                     ) from None
         self._core = client.CoreV1Api(api_client)
         self._dynamic = dynamic.DynamicClient(api_client)

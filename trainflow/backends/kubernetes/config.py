@@ -102,7 +102,7 @@ class KubernetesConfig(BackendConfig):
     )
 
     def check(self, spec: RunSpec) -> None:
-        if not spec.checkpoint.is_s3:
+        if not spec.checkpoint.is_remote:
             raise ValueError(
                 "checkpoint.uri: the kubernetes backend needs an s3:// URI (pods and the orchestrator share no disk)"
             )

@@ -26,7 +26,8 @@ class LocalConfig(BackendConfig):
     network: LocalNetwork = Field(
         default=LocalNetwork.loopback,
         title="Local network",
-        description="Local backend: all nodes on loopback, or each in its own network namespace (root; node-loss drills).",
+        description="Local backend: all nodes on loopback, "
+        "or each in its own network namespace (root; node-loss drills).",
     )
     warm_workers: bool = Field(
         default=True,

@@ -14,16 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainflow.backends.store_sockets import LISTEN_FD_ENV
+from trainflow.backends.warm.protocol import AGENT, WORKER, NotForkable
 
-AGENT = "agent"
-WORKER = "worker"
 CHANNEL_FD_ENV = "TRAINFLOW_WARM_CHANNEL_FD"  # the agent's channel to its node's zygote
 # the signals the zygote handles itself: blocked across a fork until the child has reset them
 CHILD_SIGNALS = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-
-
-class NotForkable(ValueError):
-    """A command a zygote cannot run as a fork: it must be started the usual way."""
 
 
 @dataclass

@@ -13,8 +13,7 @@ import time
 
 import psutil
 
-from trainflow.backends.warm.child import NotForkable
-from trainflow.backends.warm.protocol import ChannelClosed, receive_message, send_message
+from trainflow.backends.warm.protocol import ChannelClosed, NotForkable, receive_message, send_message
 
 _PUMP_S = 0.05
 

@@ -8,6 +8,8 @@ import os
 import socket
 import struct
 
+AGENT = "agent"  # a forked process's role: torchrun's agent for a node
+WORKER = "worker"  # or a rank's command
 _HEADER = struct.Struct("!I")
 _MAX_FDS = 8
 _MAX_MESSAGE = 16 << 20
@@ -15,6 +17,10 @@ _MAX_MESSAGE = 16 << 20
 
 class ChannelClosed(ConnectionError):
     """The other end has gone."""
+
+
+class NotForkable(ValueError):
+    """A command a zygote cannot run as a fork: it must be started the usual way."""
 
 
 def send_message(sock: socket.socket, message: dict, fds: list[int] = ()) -> None:

@@ -14,8 +14,8 @@ import socket
 from torch.distributed.elastic.multiprocessing import api
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
-from trainflow.backends.warm.child import WORKER, NotForkable
 from trainflow.backends.warm.client import ZygoteChannel
+from trainflow.backends.warm.protocol import WORKER, NotForkable
 
 log = logging.getLogger("trainflow.warm")
 _channel: ZygoteChannel | None = None
