@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from tests.conftest import ROOT
-from tests.servers import BIN, BUCKET, s3_environment  # noqa: F401  test modules import them from here
+from tests.servers import BIN, BUCKET, s3_environment, start_server  # noqa: F401  test modules import them from here
 from trainflow.backends.stacks import py_spy_dump
 from trainflow.drills.servers import stop_server  # noqa: F401  imported from here by test modules
 from trainflow.worker_config import JOB_ENV
