@@ -13,8 +13,9 @@ BIN = Path(sys.executable).parent
 
 
 def last_json(args: list[str], env: dict, timeout_s: float = 900) -> dict:
-    result = subprocess.run([str(BIN / "trainflow"), *args], env=env, cwd=ROOT, capture_output=True, text=True,
-                            timeout=timeout_s)
+    result = subprocess.run(
+        [str(BIN / "trainflow"), *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s
+    )
     lines = result.stdout.strip().splitlines()
     if not lines:
         raise RuntimeError(f"trainflow {' '.join(args[:2])} printed nothing:\n{result.stderr[-3000:]}")

@@ -8,6 +8,7 @@ import reference_goodput
 import scale_bench
 import scale_jobs
 import soak_bench
+
 from trainflow.contracts.recovery import PHASES as RECOVERY_PHASES
 
 STEPS = 2000  # the orchestration tax's run length
@@ -24,7 +25,9 @@ def markdown(results: dict) -> str:
         "Every figure below was produced by `make bench` (bench/run_benchmarks.py) on this machine; each section",
         "says when it was measured; the raw numbers are in bench/results.json.",
         "",
-        "```", results["machine"].strip(), "```",
+        "```",
+        results["machine"].strip(),
+        "```",
         "",
         f"## Orchestration tax (reference workload, {STEPS} steps, 2 ranks, gloo on CPU; {ROUNDS} interleaved "
         "rounds: steps/s are medians of the runs, ratios the median of the rounds' ratios)"
@@ -59,8 +62,7 @@ def markdown(results: dict) -> str:
         if "error" in report:
             lines.append(f"| {kind} | error: {report['error'][:80]} | | | | | | |")
             continue
-        ratio = (f"{report['recovery_s'] / drills_restart_s(results):.1f}x"
-                 if report["recovery_s"] is not None else "–")
+        ratio = f"{report['recovery_s'] / drills_restart_s(results):.1f}x" if report["recovery_s"] is not None else "–"
         lines.append(
             f"| {kind} | {report['detected_kind']} | {report['detection_latency_s']} | {report['recovery_s']} | "
             f"{ratio} | {report['lost_steps']} | {report['params_match_baseline']} | {report['resources_released']} |"
@@ -81,33 +83,48 @@ def drills_restart_s(results: dict) -> float:
 
 def failed_drills(drills: dict) -> list[str]:
     failed = [kind for kind, report in drills.items() if not report.get("passed")]
-    return [f"Drills that did not pass in this run: {', '.join(failed)} (their figures are in the table above).",
-            ""] if failed else []
+    return (
+        [f"Drills that did not pass in this run: {', '.join(failed)} (their figures are in the table above).", ""]
+        if failed
+        else []
+    )
 
 
 def recovery_table(results: dict) -> list[str]:
     """Per fault kind: trainflow's recovery beside torchrun's own restart of the same run, and where
     the recovery went (contracts/recovery.py)."""
     restart, run = drills_restart_s(results), results.get("drills_run")
-    when = (f"Measured {run['measured_at']} with the drills above, under a 1-minute load average of "
+    when = (
+        (
+            f"Measured {run['measured_at']} with the drills above, under a 1-minute load average of "
             f"{run['load_before']:.1f} before and {run['load_after']:.1f} after (other processes sharing this "
-            "machine's cores; figures under load are slower than on a quiet machine). ") if run else ""
-    lines = ["", "## Recovery against torchrun's own restart (detection to the first new step, state restored)", "",
-             f"{when}torchrun's stateless worker restart in the same run: {restart:.2f} s. Phases in seconds, each to the "
-             "slowest rank's point: stop (the failed attempt ended), between attempts (release, classify, record, "
-             "back-off, launch task), launch (to the workers' process start, a fork with warm workers), imports (to "
-             "`trainflow.runtime.init()`), rendezvous (process group joined), restore, first step.", "",
-             *failed_drills(results["drills"]),
-             "| fault | recovery (s) | torchrun restart (s) | ratio | stop | between | launch | imports | rendezvous "
-             "| restore | first step |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "machine's cores; figures under load are slower than on a quiet machine). "
+        )
+        if run
+        else ""
+    )
+    lines = [
+        "",
+        "## Recovery against torchrun's own restart (detection to the first new step, state restored)",
+        "",
+        f"{when}torchrun's stateless worker restart in the same run: {restart:.2f} s. Phases in seconds, each to the "
+        "slowest rank's point: stop (the failed attempt ended), between attempts (release, classify, record, "
+        "back-off, launch task), launch (to the workers' process start, a fork with warm workers), imports (to "
+        "`trainflow.runtime.init()`), rendezvous (process group joined), restore, first step.",
+        "",
+        *failed_drills(results["drills"]),
+        "| fault | recovery (s) | torchrun restart (s) | ratio | stop | between | launch | imports | rendezvous "
+        "| restore | first step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for kind, report in results["drills"].items():
         phases = report.get("recovery_phases")
         if "error" in report or report.get("recovery_s") is None or not phases:
             continue
         cells = " | ".join("–" if phases.get(name) is None else f"{phases[name]:.2f}" for name in RECOVERY_PHASES)
-        lines.append(f"| {kind} | {report['recovery_s']:.2f} | {restart:.2f} | {report['recovery_s'] / restart:.1f}x "
-                     f"| {cells} |")
+        lines.append(
+            f"| {kind} | {report['recovery_s']:.2f} | {restart:.2f} | {report['recovery_s'] / restart:.1f}x | {cells} |"
+        )
     return lines
 
 
@@ -116,8 +133,18 @@ def render(results: dict) -> str:
     if all(part in results for part in FIRST_PARTS):
         text = markdown(results)
     else:
-        text = "\n".join(["# Benchmarks", "", "Produced by `make bench` (bench/run_benchmarks.py); the raw numbers "
-                          "are in bench/results.json.", "", "```", results["machine"].strip(), "```", ""])
+        text = "\n".join(
+            [
+                "# Benchmarks",
+                "",
+                "Produced by `make bench` (bench/run_benchmarks.py); the raw numbers are in bench/results.json.",
+                "",
+                "```",
+                results["machine"].strip(),
+                "```",
+                "",
+            ]
+        )
     extra = []
     if "reference_goodput" in results:
         extra += reference_goodput.markdown(results["reference_goodput"])
@@ -131,8 +158,11 @@ def render(results: dict) -> str:
         extra += scale_bench.markdown(results["scale"])
     if "scale_jobs" in results:
         extra += scale_jobs.markdown(results["scale_jobs"])
-    commands = ["Commands: `make bench` (everything), `python bench/run_benchmarks.py --only soak,fsdp_tp` (some "
-                f"parts of {', '.join(PARTS)}; the others' figures are kept), `trainflow drill SPEC --fault KIND "
-                "--json`, `trainflow soak SPEC --faults N --load --json`, `trainflow bench checkpoint --json`, "
-                "`trainflow bench scale --ranks N --steps-per-s R --json`.", ""]
+    commands = [
+        "Commands: `make bench` (everything), `python bench/run_benchmarks.py --only soak,fsdp_tp` (some "
+        f"parts of {', '.join(PARTS)}; the others' figures are kept), `trainflow drill SPEC --fault KIND "
+        "--json`, `trainflow soak SPEC --faults N --load --json`, `trainflow bench checkpoint --json`, "
+        "`trainflow bench scale --ranks N --steps-per-s R --json`.",
+        "",
+    ]
     return text + "\n" + "\n".join(extra + commands)

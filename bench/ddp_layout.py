@@ -27,8 +27,9 @@ LAYOUTS = ("ddp", "trainflow", "parameter order")
 
 def _model() -> DistributedDataParallel:
     torch.manual_seed(0)
-    return DistributedDataParallel(nn.Sequential(*[nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU())
-                                                   for _ in range(LAYERS)]))
+    return DistributedDataParallel(
+        nn.Sequential(*[nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU()) for _ in range(LAYERS)])
+    )
 
 
 def _recorded_order() -> dict:
@@ -88,28 +89,38 @@ def ddp_layout() -> dict:
     def ratio(layout: str) -> float:
         return statistics.median(ours / own for ours, own in zip(rounds[layout], rounds["ddp"]))
 
-    return {"measured_at": measured_at, "load_before": before, "load_after": os.getloadavg(),
-            "steps_per_s": {layout: statistics.median(v) for layout, v in rounds.items()},
-            "trainflow_ratio": ratio("trainflow"), "parameter_order_ratio": ratio("parameter order"),
-            "rounds": rounds}
+    return {
+        "measured_at": measured_at,
+        "load_before": before,
+        "load_after": os.getloadavg(),
+        "steps_per_s": {layout: statistics.median(v) for layout, v in rounds.items()},
+        "trainflow_ratio": ratio("trainflow"),
+        "parameter_order_ratio": ratio("parameter order"),
+        "rounds": rounds,
+    }
 
 
 def markdown(part: dict) -> list[str]:
     steps = part["steps_per_s"]
     return [
         f"## DDP bucket layout of a resumed run ({LAYERS} x Linear({WIDTH}), 4 buckets, 2 ranks on gloo; "
-        f"{ROUNDS} interleaved rounds)", "",
-        f"Measured {part['measured_at']}; load before {part['load_before'][0]:.2f}.", "",
-        "| layout | steps/s | ratio to DDP's own |", "|---|---|---|",
+        f"{ROUNDS} interleaved rounds)",
+        "",
+        f"Measured {part['measured_at']}; load before {part['load_before'][0]:.2f}.",
+        "",
+        "| layout | steps/s | ratio to DDP's own |",
+        "|---|---|---|",
         f"| DDP's own (a fresh run) | {steps['ddp']:.2f} | 1 |",
         f"| trainflow's, resumed (the recorded order replayed) | {steps['trainflow']:.2f} | "
         f"{part['trainflow_ratio']:.3f} |",
         f"| parameter order (all-reduce after the whole backward) | {steps['parameter order']:.2f} | "
-        f"{part['parameter_order_ratio']:.3f} |", "",
+        f"{part['parameter_order_ratio']:.3f} |",
+        "",
         "On this machine's CPU cores the layouts tie within the rounds' spread: the all-reduce runs on the same two "
         "cores as the backward, so there is nothing for it to overlap with. The layout matters where the backward "
         "runs on a GPU and the all-reduce on the network; what this part shows is that the replayed layout costs a "
-        "resumed run nothing against DDP's own.", "",
+        "resumed run nothing against DDP's own.",
+        "",
     ]
 
 

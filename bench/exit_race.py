@@ -29,7 +29,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-RANK = '''
+RANK = """
 import os, sys
 import torch
 import torch.distributed as dist
@@ -60,7 +60,7 @@ def main(ending):
 main(sys.argv[1])
 if os.environ.get("RACE_EXIT") != "interpreter":
     os._exit(0)
-'''
+"""
 
 
 ENDINGS = ("model-at-return", "free-model-first", "trainflow-finish")
@@ -93,12 +93,15 @@ def wait_all(pids: list[int], deadline_s: float) -> tuple[list[int], int]:
 
 
 def trial(script: Path, store: str, ending: str, new_interpreters: bool, deadline_s: float) -> str:
-    """"deadlocked" (a rank still running at the deadline), "failed" (a rank exited other than 0:
+    """ "deadlocked" (a rank still running at the deadline), "failed" (a rank exited other than 0:
     gloo's abort at exit) or "clean"."""
     if new_interpreters:
-        ranks = [subprocess.Popen([sys.executable, str(script), ending],
-                                  env={**os.environ, "RACE_STORE": store, "RACE_RANK": str(rank)})
-                 for rank in range(2)]
+        ranks = [
+            subprocess.Popen(
+                [sys.executable, str(script), ending], env={**os.environ, "RACE_STORE": store, "RACE_RANK": str(rank)}
+            )
+            for rank in range(2)
+        ]
         start_up = 30.0  # each new interpreter imports torch first
         pids = [r.pid for r in ranks]
         stuck, failed = wait_all(pids, deadline_s + start_up)
@@ -116,9 +119,15 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--preload", nargs="*", default=[], help="modules imported before the forks")
     parser.add_argument("--new-interpreters", action="store_true", help="start each rank as a new python")
-    parser.add_argument("--ending", choices=ENDINGS, default=ENDINGS[0], help=(
-        "how the script ends: its model freed when main() returns, after destroy_process_group(); "
-        "freed first; or leaving the groups as trainflow's Run.finish() does"))
+    parser.add_argument(
+        "--ending",
+        choices=ENDINGS,
+        default=ENDINGS[0],
+        help=(
+            "how the script ends: its model freed when main() returns, after destroy_process_group(); "
+            "freed first; or leaving the groups as trainflow's Run.finish() does"
+        ),
+    )
     parser.add_argument("--deadline-s", type=float, default=5.0)
     args = parser.parse_args()
     for name in args.preload:
@@ -133,10 +142,15 @@ def main() -> None:
             outcomes[trial(script, store, ending, args.new_interpreters, args.deadline_s)] += 1
             Path(store).unlink(missing_ok=True)
     how = "new interpreters" if args.new_interpreters else f"forked after importing {args.preload or 'nothing'}"
-    exit_how = ("the interpreter's exit" if args.new_interpreters and os.environ.get("RACE_EXIT") == "interpreter"
-                else "os._exit(0)")
-    print(f"{how}, {ending}, {exit_how}: of {args.trials} trials {outcomes['deadlocked']} deadlocked, "
-          f"{outcomes['failed']} had a rank exit other than 0 ({time.monotonic() - started:.0f} s)")
+    exit_how = (
+        "the interpreter's exit"
+        if args.new_interpreters and os.environ.get("RACE_EXIT") == "interpreter"
+        else "os._exit(0)"
+    )
+    print(
+        f"{how}, {ending}, {exit_how}: of {args.trials} trials {outcomes['deadlocked']} deadlocked, "
+        f"{outcomes['failed']} had a rank exit other than 0 ({time.monotonic() - started:.0f} s)"
+    )
 
 
 if __name__ == "__main__":

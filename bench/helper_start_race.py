@@ -32,8 +32,13 @@ def start_guarded() -> float:
 
 def start_plain() -> float:
     began = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "trainflow.checkpoint.transfer_agent", URI, str(os.getpid())],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainflow.checkpoint.transfer_agent", URI, str(os.getpid())],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+    )
     took = time.perf_counter() - began
     proc.stdin.write('{"op": "exit"}\n')
     proc.stdin.close()
@@ -76,8 +81,10 @@ def main() -> None:
     for name, start in (("TransferAgent (forks wait)", start_guarded), ("plain Popen", start_plain)):
         times = measure(start, args.starts, args.child_lives_s)
         slow = sum(t > args.child_lives_s / 2 for t in times)
-        print(f"{name}: {len(times)} starts, median {statistics.median(times) * 1000:.1f} ms, "
-              f"max {max(times):.2f} s, {slow} took over {args.child_lives_s / 2:g} s")
+        print(
+            f"{name}: {len(times)} starts, median {statistics.median(times) * 1000:.1f} ms, "
+            f"max {max(times):.2f} s, {slow} took over {args.child_lives_s / 2:g} s"
+        )
 
 
 if __name__ == "__main__":

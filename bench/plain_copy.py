@@ -41,27 +41,36 @@ def main() -> None:
         storage = LocalStorage(root / "store")
         rows = []
         for round_ in range(args.rounds):
-            bare = timed(lambda: shutil.copyfile(out / "ckpt.pt", root / f"bare-{round_}.pt"))
+            bare_copy = root / f"bare-{round_}.pt"
+            bare = timed(lambda bare_copy=bare_copy: shutil.copyfile(out / "ckpt.pt", bare_copy))
             copy = None
 
             def take():
                 nonlocal copy
-                copy = take_copy(out, folder_state(out), storage, CopyIdentity("run", 2, "spec", "code"),
-                                 root / "aside")
+                copy = take_copy(
+                    out, folder_state(out), storage, CopyIdentity("run", 2, "spec", "code"), root / "aside"
+                )
 
             copied = timed(take)
             restore_to = root / f"restored-{round_}"
-            restored = timed(lambda: restore_newest(storage, copy.prefix, restore_to))
+            taken = copy
+            restored = timed(
+                lambda taken=taken, restore_to=restore_to: restore_newest(storage, taken.prefix, restore_to)
+            )
             rows.append((bare, copied, restored))
             (root / f"bare-{round_}.pt").unlink()
             shutil.rmtree(restore_to)
         bare, copied, restored = (statistics.median(column) for column in zip(*rows))
         print(f"plain copy of a {args.size_mb} MB folder, {args.rounds} rounds (medians):")
         print(f"  bare copyfile      {bare:.3f} s ({args.size_mb / bare:.0f} MB/s)")
-        print(f"  trainflow copy     {copied:.3f} s, {statistics.median(c / b for b, c, _ in rows):.2f} x bare "
-              "(copy aside, hash, upload, commit)")
-        print(f"  trainflow restore  {restored:.3f} s, {statistics.median(r / b for b, _, r in rows):.2f} x bare "
-              "(download, verify, rename)")
+        print(
+            f"  trainflow copy     {copied:.3f} s, {statistics.median(c / b for b, c, _ in rows):.2f} x bare "
+            "(copy aside, hash, upload, commit)"
+        )
+        print(
+            f"  trainflow restore  {restored:.3f} s, {statistics.median(r / b for b, _, r in rows):.2f} x bare "
+            "(download, verify, rename)"
+        )
 
 
 if __name__ == "__main__":

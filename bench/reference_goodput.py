@@ -39,11 +39,15 @@ print(json.dumps({k: summary[k] for k in ("status", "goodput", "attempts", "cost
 
 def reference_goodput(env: dict) -> dict:
     faults = [(kind, int(STEPS * share) + FAULT_OFFSET) for kind, share in FAULTS]
-    overrides = [f"workload.steps={STEPS}", f"checkpoint.every_steps={CHECKPOINT_EVERY}",
-                 f"workload.args=['--hidden', '{HIDDEN}', '--global-batch', '{GLOBAL_BATCH}']"]
+    overrides = [
+        f"workload.steps={STEPS}",
+        f"checkpoint.every_steps={CHECKPOINT_EVERY}",
+        f"workload.args=['--hidden', '{HIDDEN}', '--global-batch', '{GLOBAL_BATCH}']",
+    ]
     settings = json.dumps({"overrides": overrides, "faults": faults})
-    result = subprocess.run([sys.executable, "-c", _SCRIPT, settings], env=env, cwd=ROOT, capture_output=True,
-                            text=True, timeout=1800)
+    result = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, settings], env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800
+    )
     lines = result.stdout.strip().splitlines()
     if not lines:
         return {"error": result.stderr[-2000:]}
@@ -76,8 +80,11 @@ def reference_goodput(env: dict) -> dict:
 
 
 def markdown(results: dict) -> list[str]:
-    lines = ["## Goodput on the reference drill" + (f" (measured {results['measured_at']})"
-                                                     if "measured_at" in results else ""), ""]
+    lines = [
+        "## Goodput on the reference drill"
+        + (f" (measured {results['measured_at']})" if "measured_at" in results else ""),
+        "",
+    ]
     if "error" in results:
         return lines + [f"not measured: {results['error'][:300]}", ""]
     step_ms = results["mean_step_time_s"] * 1000

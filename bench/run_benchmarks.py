@@ -33,6 +33,7 @@ import scale_jobs
 import soak_bench
 from bench_common import BIN, ROOT, last_json, steps_per_s
 from benchmarks_md import FIRST_PARTS, PARTS, ROUNDS, STEPS, render
+
 from trainflow.backends.ports import free_port
 from trainflow.drills.bench.checkpoint import SERVER_NICENESS
 from trainflow.drills.servers import ServerError, stop_server, wait_http
@@ -40,13 +41,26 @@ from trainflow.drills.servers import ServerError, stop_server, wait_http
 SPEC = "examples/digits/spec.yaml"
 EXTRA: list[str] = []  # extra --set overrides for the throughput run
 DRILLS = ["crash", "kill", "hang", "preempt", "node-loss", "straggler", "corrupt-checkpoint", "storage-outage"]
-DRILL_JOB = ["--set", "workload.steps=80", "--set", "checkpoint.every_steps=10", "--set",
-             "fault_tolerance.heartbeat_timeout_s=5", "--no-compare-torchrun"]
+DRILL_JOB = [
+    "--set",
+    "workload.steps=80",
+    "--set",
+    "checkpoint.every_steps=10",
+    "--set",
+    "fault_tolerance.heartbeat_timeout_s=5",
+    "--no-compare-torchrun",
+]
 
 
 def start(cmd: list[str], env: dict, health: str, log: Path, niceness: int = 0) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True,
-                            preexec_fn=(lambda: os.nice(niceness)) if niceness else None)
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=(lambda: os.nice(niceness)) if niceness else None,
+    )
     try:
         wait_http(health, proc, timeout_s=120, log=log)
     except ServerError:
@@ -59,11 +73,24 @@ def bare_torchrun(home: Path) -> dict:
     out = home / "bare.json"
     launched = time.time()
     subprocess.run(
-        [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "--log-dir", str(home / "torchrun"),
-         "bench/bare_digits.py",
-         "--steps", str(STEPS), "--out", str(out)],
-        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "BENCH_LAUNCHED_AT": str(launched)},
-        check=True, capture_output=True, timeout=600,
+        [
+            str(BIN / "torchrun"),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+            str(home / "torchrun"),
+            "bench/bare_digits.py",
+            "--steps",
+            str(STEPS),
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "BENCH_LAUNCHED_AT": str(launched)},
+        check=True,
+        capture_output=True,
+        timeout=600,
     )
     timings = json.loads(out.read_text())
     points = list(enumerate(timings["stamps"], start=1))
@@ -77,9 +104,12 @@ def under_trainflow(env: dict, overrides: list[str] = ()) -> dict:
     summary = last_json(["run", SPEC, "--set", f"workload.steps={STEPS}", *EXTRA, *overrides, "--json"], env)
     history = MlflowClient(summary["tracking_uri"]).get_metric_history(summary["mlflow_run_id"], "loss")
     points = [(m.step, m.timestamp / 1000) for m in history]
-    return {"steps_per_s": steps_per_s(points), "startup_s": min(t for _, t in points) - launched,
-            "goodput": summary["goodput"],
-            "checkpoint_share": summary["costs"]["checkpoint_share"]}
+    return {
+        "steps_per_s": steps_per_s(points),
+        "startup_s": min(t for _, t in points) - launched,
+        "goodput": summary["goodput"],
+        "checkpoint_share": summary["costs"]["checkpoint_share"],
+    }
 
 
 def orchestration(home: Path, env: dict) -> dict:
@@ -98,8 +128,9 @@ def orchestration(home: Path, env: dict) -> dict:
 def summarize_orchestration(runs: dict[str, list[dict]]) -> dict:
     """Medians of each kind of run, and the throughput ratio as the median of the rounds' ratios: a
     round's runs follow each other, so its ratio is the least touched by the machine's drift."""
-    figures = {kind: {key: statistics.median(run[key] for run in rounds) for key in rounds[0]}
-               for kind, rounds in runs.items()}
+    figures = {
+        kind: {key: statistics.median(run[key] for run in rounds) for key in rounds[0]} for kind, rounds in runs.items()
+    }
 
     def ratios(kind: str) -> list[float]:
         return [round(ours["steps_per_s"] / plain["steps_per_s"], 4) for plain, ours in zip(runs["bare"], runs[kind])]
@@ -120,8 +151,16 @@ def drills(env: dict) -> dict:
         extra = {
             # training must outlast the outage: at ~2 ms steps, 80 steps end inside it and the last
             # step's commit fails with the store (INFRA), where the drill expects it ridden through
-            "storage-outage": ["--set", f"checkpoint.uri=s3://{env['BENCH_BUCKET']}/drill", "--duration", "5",
-                               "--set", "workload.steps=4000", "--set", "checkpoint.every_steps=200"],
+            "storage-outage": [
+                "--set",
+                f"checkpoint.uri=s3://{env['BENCH_BUCKET']}/drill",
+                "--duration",
+                "5",
+                "--set",
+                "workload.steps=4000",
+                "--set",
+                "checkpoint.every_steps=200",
+            ],
             # a straggler needs steps left to straggle through after the injection starts
             "straggler": ["--set", "workload.steps=600", "--set", "checkpoint.every_steps=100", "--duration", "6"],
         }.get(kind, [])
@@ -130,10 +169,24 @@ def drills(env: dict) -> dict:
         except (RuntimeError, subprocess.SubprocessError, ValueError) as exc:
             reports[kind] = {"error": str(exc)[-500:]}
             continue
-        reports[kind] = {k: report[k] for k in ("detected_kind", "detection_latency_s", "recovery_s", "lost_steps",
-                                                "resumed_from_step", "params_match_baseline", "resources_released",
-                                                "injected_at_step", "detected_at_step",
-                                                "goodput", "passed", "outcomes", "recovery_phases")}
+        reports[kind] = {
+            k: report[k]
+            for k in (
+                "detected_kind",
+                "detection_latency_s",
+                "recovery_s",
+                "lost_steps",
+                "resumed_from_step",
+                "params_match_baseline",
+                "resources_released",
+                "injected_at_step",
+                "detected_at_step",
+                "goodput",
+                "passed",
+                "outcomes",
+                "recovery_phases",
+            )
+        }
     return reports
 
 
@@ -177,20 +230,39 @@ def main(parts: list[str]) -> None:
         prefect_port, s3_port = free_port(), free_port()
         base_env = {**os.environ, "PREFECT_HOME": str(home / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
         base_env.pop("PREFECT_API_URL", None)
-        prefect = start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
-                        base_env, f"http://127.0.0.1:{prefect_port}/api/health", home / "prefect.log")
-        s3 = start([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(s3_port)], base_env,
-                   f"http://127.0.0.1:{s3_port}/moto-api/", home / "moto.log",
-                   niceness=SERVER_NICENESS)  # it stands in for storage that is not on the training machine
+        prefect = start(
+            [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
+            base_env,
+            f"http://127.0.0.1:{prefect_port}/api/health",
+            home / "prefect.log",
+        )
+        s3 = start(
+            [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(s3_port)],
+            base_env,
+            f"http://127.0.0.1:{s3_port}/moto-api/",
+            home / "moto.log",
+            niceness=SERVER_NICENESS,
+        )  # it stands in for storage that is not on the training machine
         try:
-            env = {**base_env, "TRAINFLOW_HOME": str(home / "home"), "PREFECT_API_URL":
-                   f"http://127.0.0.1:{prefect_port}/api", "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{s3_port}",
-                   "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
-                   "BENCH_BUCKET": "trainflow-bench"}
+            env = {
+                **base_env,
+                "TRAINFLOW_HOME": str(home / "home"),
+                "PREFECT_API_URL": f"http://127.0.0.1:{prefect_port}/api",
+                "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{s3_port}",
+                "AWS_ACCESS_KEY_ID": "bench",
+                "AWS_SECRET_ACCESS_KEY": "bench",
+                "AWS_DEFAULT_REGION": "us-east-1",
+                "BENCH_BUCKET": "trainflow-bench",
+            }
             import boto3
 
-            boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], region_name="us-east-1",
-                         aws_access_key_id="bench", aws_secret_access_key="bench").create_bucket(Bucket="trainflow-bench")
+            boto3.client(
+                "s3",
+                endpoint_url=env["AWS_ENDPOINT_URL_S3"],
+                region_name="us-east-1",
+                aws_access_key_id="bench",
+                aws_secret_access_key="bench",
+            ).create_bucket(Bucket="trainflow-bench")
             measure = {
                 "orchestration": lambda: orchestration(home, env),
                 "drills": lambda: drills(env),
@@ -215,21 +287,27 @@ def main(parts: list[str]) -> None:
                 if part == "orchestration":
                     results["torchrun_restart_s"] = restart
                 if part == "drills":  # with its own yardstick; the table says when, and how busy the machine was
-                    results["drills_run"] = {"measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                             "load_before": load_before, "load_after": os.getloadavg()[0],
-                                             "torchrun_restart_s": restart}
+                    results["drills_run"] = {
+                        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                        "load_before": load_before,
+                        "load_after": os.getloadavg()[0],
+                        "torchrun_restart_s": restart,
+                    }
                 if set(FIRST_PARTS) <= set(parts):  # "in one run" only when they were
                     results["measured_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
                 write(results)  # each part as soon as it is measured: a later one failing keeps it
         finally:
             stop_server(prefect)
             stop_server(s3)
-    headline = {"orchestration": lambda r: r["throughput_ratio"], "fsdp_tp": lambda r: r.get("throughput_ratio"),
-                "ddp_layout": lambda r: r["trainflow_ratio"],
-                "scale": lambda r: {f"{x['ranks']}@{x['steps_per_s']:g}": x.get("false_verdicts") for x in r["runs"]},
-                "drills": lambda r: sum(1 for d in r.values() if d.get("passed")),
-                "reference_goodput": lambda r: r.get("goodput"),
-                "soak": lambda r: {name: r[name].get("passed") for name in ("main", "storage")}}
+    headline = {
+        "orchestration": lambda r: r["throughput_ratio"],
+        "fsdp_tp": lambda r: r.get("throughput_ratio"),
+        "ddp_layout": lambda r: r["trainflow_ratio"],
+        "scale": lambda r: {f"{x['ranks']}@{x['steps_per_s']:g}": x.get("false_verdicts") for x in r["runs"]},
+        "drills": lambda r: sum(1 for d in r.values() if d.get("passed")),
+        "reference_goodput": lambda r: r.get("goodput"),
+        "soak": lambda r: {name: r[name].get("passed") for name in ("main", "storage")},
+    }
     print(json.dumps({part: headline.get(part, lambda r: "measured")(results[part]) for part in parts}, default=str))
 
 

@@ -7,8 +7,9 @@ ranks with warm workers and with new interpreters, to say what a node costs.
 Every process of a job carries TRAINFLOW_JOB in its environment (a forked one: in the environment it
 was started with); a sampler reads their PSS (each shared page split between the processes sharing
 it, so the sums add up) once a second while the job trains; of the samples with every rank up it
-keeps the median (training) and the largest (a checkpoint's save on top). Roles by the process tree: torchrun's agent names itself pt_elastic, a zygote
-is a process with the job's processes below it (or none above), every other one is a rank.
+keeps the median (training) and the largest (a checkpoint's save on top). Roles by the process tree:
+torchrun's agent names itself pt_elastic, a zygote is a process with the job's processes below it
+(or none above), every other one is a rank.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import threading
 import time
 
 import psutil
-
 from bench_common import BIN, ROOT, last_json, steps_per_s
 
 SPEC = "examples/digits/spec.yaml"
@@ -96,13 +96,24 @@ class MemorySampler:
             except psutil.Error:
                 continue
             has_children = any(parent == pid for parent in parents.values())
-            role = ("agents" if name == "pt_elastic"
-                    else "zygotes" if has_children or parents.get(pid) not in job else "ranks")
+            role = (
+                "agents"
+                if name == "pt_elastic"
+                else "zygotes"
+                if has_children or parents.get(pid) not in job
+                else "ranks"
+            )
             roles[role].append((memory.pss / 2**20, memory.uss / 2**20))
         if not roles["ranks"]:
             return None
-        summary = {role: {"count": len(values), "pss_mb": round(sum(p for p, _ in values), 1),
-                          "uss_mb": round(sum(u for _, u in values), 1)} for role, values in roles.items()}
+        summary = {
+            role: {
+                "count": len(values),
+                "pss_mb": round(sum(p for p, _ in values), 1),
+                "uss_mb": round(sum(u for _, u in values), 1),
+            }
+            for role, values in roles.items()
+        }
         summary["total_mb"] = round(sum(part["pss_mb"] for part in summary.values()), 1)
         return summary
 
@@ -112,12 +123,28 @@ def run_job(env: dict, nodes: int, per_node: int, extra: list[str] = (), steps: 
     steps/s after the first 10 steps, and the memory of its processes."""
     from mlflow.tracking import MlflowClient
 
-    args = ["run", SPEC, *shape(nodes, per_node), *TINY, "--set", f"workload.steps={steps}",
-            "--set", f"checkpoint.every_steps={EVERY}", *extra, "--json"]
+    args = [
+        "run",
+        SPEC,
+        *shape(nodes, per_node),
+        *TINY,
+        "--set",
+        f"workload.steps={steps}",
+        "--set",
+        f"checkpoint.every_steps={EVERY}",
+        *extra,
+        "--json",
+    ]
     with MemorySampler(env["TRAINFLOW_HOME"], nodes * per_node) as sampler:
         launched = time.time()
-        proc = subprocess.Popen([str(BIN / "trainflow"), *args], env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [str(BIN / "trainflow"), *args],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         sampler.orchestrator_pid = proc.pid
         stdout, stderr = proc.communicate(timeout=1800)
         wall_s = time.time() - launched
@@ -130,30 +157,71 @@ def run_job(env: dict, nodes: int, per_node: int, extra: list[str] = (), steps: 
     history = MlflowClient(summary["tracking_uri"]).get_metric_history(summary["mlflow_run_id"], "loss")
     points = [(m.step, m.timestamp / 1000) for m in history]
     first = min(t for _, t in points)
-    return {"steps_per_s": round(steps_per_s(points, skip=10), 3), "startup_s": round(first - launched, 2),
-            "launch_to_first_step_s": round(first - summary["attempts"][0]["started_at"], 2),
-            "wall_s": round(wall_s, 1), "memory": sampler.median(), "memory_peak": sampler.peak(),
-            "memory_samples": len(sampler.samples), "orchestrator_rss_mb": round(sampler.orchestrator_mb)}
+    return {
+        "steps_per_s": round(steps_per_s(points, skip=10), 3),
+        "startup_s": round(first - launched, 2),
+        "launch_to_first_step_s": round(first - summary["attempts"][0]["started_at"], 2),
+        "wall_s": round(wall_s, 1),
+        "memory": sampler.median(),
+        "memory_peak": sampler.peak(),
+        "memory_samples": len(sampler.samples),
+        "orchestrator_rss_mb": round(sampler.orchestrator_mb),
+    }
 
 
 def crash_drill(env: dict, nodes: int, per_node: int) -> dict:
-    report = last_json(["drill", SPEC, "--fault", "crash", "--at-step", str(FAULT_AT), "--no-compare-torchrun",
-                        *shape(nodes, per_node), *TINY, "--set", f"workload.steps={STEPS}",
-                        "--set", f"checkpoint.every_steps={EVERY}", "--json"], env, timeout_s=1800)
-    return {k: report.get(k) for k in ("outcomes", "detection_latency_s", "recovery_s", "recovery_phases",
-                                       "lost_steps", "resumed_from_step", "params_match_baseline",
-                                       "resources_released", "passed")}
+    report = last_json(
+        [
+            "drill",
+            SPEC,
+            "--fault",
+            "crash",
+            "--at-step",
+            str(FAULT_AT),
+            "--no-compare-torchrun",
+            *shape(nodes, per_node),
+            *TINY,
+            "--set",
+            f"workload.steps={STEPS}",
+            "--set",
+            f"checkpoint.every_steps={EVERY}",
+            "--json",
+        ],
+        env,
+        timeout_s=1800,
+    )
+    return {
+        k: report.get(k)
+        for k in (
+            "outcomes",
+            "detection_latency_s",
+            "recovery_s",
+            "recovery_phases",
+            "lost_steps",
+            "resumed_from_step",
+            "params_match_baseline",
+            "resources_released",
+            "passed",
+        )
+    }
 
 
 def scale_jobs(env: dict) -> dict:
     # long enough for tens of samples while the node trains
-    node = {"warm": run_job(env, *NODE, steps=NODE_STEPS),
-            "cold": run_job(env, *NODE, ["--set", "resources.warm_workers=false"], steps=NODE_STEPS)}
+    node = {
+        "warm": run_job(env, *NODE, steps=NODE_STEPS),
+        "cold": run_job(env, *NODE, ["--set", "resources.warm_workers=false"], steps=NODE_STEPS),
+    }
     jobs = {}
     for nodes, per_node in JOBS:
         load_before = os.getloadavg()
-        jobs[str(nodes * per_node)] = {"nodes": nodes, "per_node": per_node, "run": run_job(env, nodes, per_node),
-                                       "crash": crash_drill(env, nodes, per_node), "load_before": load_before}
+        jobs[str(nodes * per_node)] = {
+            "nodes": nodes,
+            "per_node": per_node,
+            "run": run_job(env, nodes, per_node),
+            "crash": crash_drill(env, nodes, per_node),
+            "load_before": load_before,
+        }
     return {"node": node, "jobs": jobs}
 
 
@@ -165,14 +233,16 @@ def node_cost(memory: dict) -> float:
 def markdown(part: dict) -> list[str]:
     node, jobs = part["node"], part["jobs"]
     lines = [
-        "## Real jobs of 32 and 64 ranks", "",
+        "## Real jobs of 32 and 64 ranks",
+        "",
         "4 and 8 local nodes x 8 ranks, `resources.oversubscribe: true`, the reference workload with 16 hidden "
         f"units; {STEPS} steps, a checkpoint every {EVERY}, a crash drill at step {FAULT_AT} "
         "(`bench/scale_jobs.py`). "
         f"Measured {part['measured_at']} on the shared 2-core machine (other work beside it) with the status "
         "channel of this version (a thread per connection); the 1-minute load average before each job: "
         + ", ".join(f"{ranks} ranks {job['load_before'][0]:.0f}" for ranks, job in jobs.items())
-        + ". The 2-rank row is the reference job's shape measured in the same run.", "",
+        + ". The 2-rank row is the reference job's shape measured in the same run.",
+        "",
         "| ranks | start-up to first step (s) | launch to first step (s) | steps/s | crash detected (s) | "
         "recovery (s) | stop / rendezvous / restore (s) | lost steps | exact resume | memory PSS (MB): training, "
         "per rank, peak | "
@@ -190,7 +260,8 @@ def markdown(part: dict) -> list[str]:
             f"{phases.get('stop', 0):.1f} / {phases.get('rendezvous', 0):.1f} / {phases.get('restore', 0):.1f} | "
             f"{crash['lost_steps']} | {crash['params_match_baseline']} | "
             f"{memory['total_mb']:.0f}, {memory['total_mb'] / int(ranks):.0f}, {peak['total_mb']:.0f} | "
-            f"{run['orchestrator_rss_mb']} |")
+            f"{run['orchestrator_rss_mb']} |"
+        )
     lines += [
         "",
         "Every rank shares the same 2 cores, so a step of 64 ranks is 64 gloo all-reduces' worth of "
@@ -202,7 +273,8 @@ def markdown(part: dict) -> list[str]:
         "that wait, with every other rank's exit, is the stop phase. The orchestrator's memory does not "
         "grow with the ranks.",
         "",
-        f"### One node of 8 ranks ({NODE[0]} node x {NODE[1]}, {NODE_STEPS} steps), memory", "",
+        f"### One node of 8 ranks ({NODE[0]} node x {NODE[1]}, {NODE_STEPS} steps), memory",
+        "",
         "| | zygote | agent | 8 ranks | node total while training | per rank (of it private) | node peak "
         "(a checkpoint's save) | launch to first step (s) |",
         "|---|---|---|---|---|---|---|---|",
@@ -212,14 +284,20 @@ def markdown(part: dict) -> list[str]:
         if not memory:
             continue
         ranks = memory["ranks"]
-        lines.append(f"| {name} | {memory['zygotes']['pss_mb']:.0f} | {memory['agents']['pss_mb']:.0f} | "
-                     f"{ranks['pss_mb']:.0f} | {node_cost(memory):.0f} | "
-                     f"{ranks['pss_mb'] / ranks['count']:.0f} ({ranks['uss_mb'] / ranks['count']:.0f}) | "
-                     f"{node_cost(peak):.0f} | {run['launch_to_first_step_s']:.1f} |")
-    lines += ["", "Memory is PSS in MB (each shared page split between the processes that share it, so the "
-              "figures add up), the median of one sample a second while every rank trains; private is USS, what "
-              "the rank alone holds. A forked rank shares its zygote's imports until it writes to them. In the "
-              "jobs above a node of 8 ranks holds the same: its total divided by its nodes.", ""]
+        lines.append(
+            f"| {name} | {memory['zygotes']['pss_mb']:.0f} | {memory['agents']['pss_mb']:.0f} | "
+            f"{ranks['pss_mb']:.0f} | {node_cost(memory):.0f} | "
+            f"{ranks['pss_mb'] / ranks['count']:.0f} ({ranks['uss_mb'] / ranks['count']:.0f}) | "
+            f"{node_cost(peak):.0f} | {run['launch_to_first_step_s']:.1f} |"
+        )
+    lines += [
+        "",
+        "Memory is PSS in MB (each shared page split between the processes that share it, so the "
+        "figures add up), the median of one sample a second while every rank trains; private is USS, what "
+        "the rank alone holds. A forked rank shares its zygote's imports until it writes to them. In the "
+        "jobs above a node of 8 ranks holds the same: its total divided by its nodes.",
+        "",
+    ]
     return lines
 
 

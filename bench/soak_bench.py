@@ -14,8 +14,16 @@ from bench_common import last_json
 SPEC = "examples/digits/spec.yaml"
 FAULTS, SEED = 30, 11
 STORAGE_FAULTS, STORAGE_KINDS = 6, "storage-outage,corrupt-checkpoint,kill"
-JOB = ["--set", "checkpoint.every_steps=20", "--set", "fault_tolerance.hang_timeout_s=5",
-       "--set", "fault_tolerance.heartbeat_timeout_s=4", "--load", "--json"]
+JOB = [
+    "--set",
+    "checkpoint.every_steps=20",
+    "--set",
+    "fault_tolerance.hang_timeout_s=5",
+    "--set",
+    "fault_tolerance.heartbeat_timeout_s=4",
+    "--load",
+    "--json",
+]
 
 
 def uptime() -> str:
@@ -26,12 +34,25 @@ def one_soak(env: dict, faults: int, extra: list[str]) -> dict:
     steps = (faults + 1) * 50  # 2.5 checkpoint intervals per fault
     before, started = uptime(), time.monotonic()
     try:
-        report = last_json(["soak", SPEC, "--faults", str(faults), "--seed", str(SEED),
-                            "--set", f"workload.steps={steps}", *JOB, *extra], env, timeout_s=3600)
+        report = last_json(
+            [
+                "soak",
+                SPEC,
+                "--faults",
+                str(faults),
+                "--seed",
+                str(SEED),
+                "--set",
+                f"workload.steps={steps}",
+                *JOB,
+                *extra,
+            ],
+            env,
+            timeout_s=3600,
+        )
     except (RuntimeError, subprocess.SubprocessError, ValueError) as exc:
         return {"error": str(exc)[-800:], "uptime_before": before, "uptime_after": uptime()}
-    report.update(steps=steps, wall_s=round(time.monotonic() - started, 1), uptime_before=before,
-                  uptime_after=uptime())
+    report.update(steps=steps, wall_s=round(time.monotonic() - started, 1), uptime_before=before, uptime_after=uptime())
     return report
 
 
@@ -40,28 +61,37 @@ def soak(env: dict) -> dict:
         "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "cores": os.cpu_count(),
         "main": one_soak(env, FAULTS, []),
-        "storage": one_soak(env, STORAGE_FAULTS, ["--kinds", STORAGE_KINDS,
-                                                  "--set", f"checkpoint.uri=s3://{env['BENCH_BUCKET']}/soak"]),
+        "storage": one_soak(
+            env, STORAGE_FAULTS, ["--kinds", STORAGE_KINDS, "--set", f"checkpoint.uri=s3://{env['BENCH_BUCKET']}/soak"]
+        ),
     }
 
 
 def confusion_table(report: dict) -> list[str]:
     detected = sorted({str(c["detected"]) for c in report["confusion"]})
     cells = {(c["injected"], str(c["detected"])): c["count"] for c in report["confusion"]}
-    lines = ["| injected \\ detected | " + " | ".join(detected) + " | lost steps (each fault) |",
-             "|---|" + "---|" * (len(detected) + 1)]
+    lines = [
+        "| injected \\ detected | " + " | ".join(detected) + " | lost steps (each fault) |",
+        "|---|" + "---|" * (len(detected) + 1),
+    ]
     for kind in sorted({c["injected"] for c in report["confusion"]}):
         lost = [f["lost_steps"] for f in report["per_fault"] if f["kind"] == kind]
-        lines.append(f"| {kind} | " + " | ".join(str(cells.get((kind, d), "")) for d in detected)
-                     + f" | {', '.join(str(x) for x in lost)} |")
+        lines.append(
+            f"| {kind} | "
+            + " | ".join(str(cells.get((kind, d), "")) for d in detected)
+            + f" | {', '.join(str(x) for x in lost)} |"
+        )
     return lines
 
 
 def soak_lines(title: str, report: dict) -> list[str]:
     lines = [f"### {title}", ""]
     if "error" in report or "confusion" not in report:
-        return lines + [f"not measured: {str(report.get('error') or report.get('reason'))[:400]}",
-                        f"(uptime before: `{report.get('uptime_before')}`)", ""]
+        return lines + [
+            f"not measured: {str(report.get('error') or report.get('reason'))[:400]}",
+            f"(uptime before: `{report.get('uptime_before')}`)",
+            "",
+        ]
     load = report.get("load") or {}
     lines += [
         f"{report['faults']} faults, seed {report['seed']}, {report['steps']} steps, checkpoint every 20; "
@@ -81,8 +111,12 @@ def soak_lines(title: str, report: dict) -> list[str]:
         f"{len(report.get('damaged_checkpoints_loaded', []))}",
         f"- leftovers (processes, namespaces, ports): {report['leftovers'] or 'none'}",
     ]
-    for name, rows in (("misclassified", report["misclassified"]), ("late", report["late_injections"]),
-                       ("over lost", report["over_lost"]), ("unexplained", report["unexplained_attempts"])):
+    for name, rows in (
+        ("misclassified", report["misclassified"]),
+        ("late", report["late_injections"]),
+        ("over lost", report["over_lost"]),
+        ("unexplained", report["unexplained_attempts"]),
+    ):
         for row in rows[:6]:
             lines.append(f"  - {name}: {row}")
     for kind, why in report.get("kinds_not_soaked", {}).items():
@@ -94,9 +128,11 @@ def markdown(soaked: dict) -> list[str]:
     runs = [r for r in (soaked["main"], soaked["storage"]) if "confusion" in r]
     kinds = sorted({k for r in runs for k in r["kinds"]})
     return [
-        f"## Soak (`trainflow soak --load`; measured {soaked['measured_at']}, {soaked['cores']} cores)", "",
+        f"## Soak (`trainflow soak --load`; measured {soaked['measured_at']}, {soaked['cores']} cores)",
+        "",
         f"{sum(r['faults'] for r in runs)} faults of {len(kinds)} kinds ({', '.join(kinds)}) in {len(runs)} soak(s); "
-        f"passed: {', '.join(str(r['passed']) for r in runs)}.", "",
+        f"passed: {', '.join(str(r['passed']) for r in runs)}.",
+        "",
         *soak_lines("Every kind on local checkpoints", soaked["main"]),
         *soak_lines("Storage outage on S3 (moto_server behind a relay the soak stalls)", soaked["storage"]),
     ]

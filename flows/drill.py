@@ -21,11 +21,17 @@ from trainflow.backends.processes import describe, job_processes
 from trainflow.drills.bench.torchrun_restart import measure_torchrun_restart
 from trainflow.drills.chaos import FaultKind, FaultPlan
 from trainflow.drills.drill import (
-    baseline_failed_report, baseline_key, check_plan, drill_report, drill_spec, load_baseline, save_baseline,
+    baseline_failed_report,
+    baseline_key,
+    check_plan,
+    drill_report,
+    drill_spec,
+    load_baseline,
+    save_baseline,
 )
+from trainflow.drills.storage_proxy import StorageProxy
 from trainflow.repro.environment import fingerprint_environment
 from trainflow.spec import RunSpec, load_spec
-from trainflow.drills.storage_proxy import StorageProxy
 
 
 @task(name="measure-torchrun-restart", cache_policy=NO_CACHE, persist_result=False)

@@ -42,10 +42,10 @@ from tasks.teardown import teardown
 from tasks.tracking import start_tracking
 from tasks.validate import validate_spec
 from tasks.watch import watch_attempt
+from trainflow.contracts import RunSummary
 from trainflow.drills.chaos import FaultPlan
 from trainflow.orchestrator.interrupts import signal_name, teardown_not_interrupted
 from trainflow.orchestrator.live import LiveRun
-from trainflow.contracts import RunSummary
 from trainflow.run_id import checked_run_id, new_run_id
 from trainflow.spec import RunSpec, load_spec
 
@@ -139,8 +139,9 @@ def run_lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None, ru
     summary["quota"] = quota.as_dict() if quota else None
     report_run(record, summary)
     if summary["status"] == "succeeded":
-        return Completed(message="finished" + RunSummary.model_validate(summary).at_step() + failed_attempts(summary),
-                         data=summary)
+        return Completed(
+            message="finished" + RunSummary.model_validate(summary).at_step() + failed_attempts(summary), data=summary
+        )
     return Failed(message=summary["reason"] + failed_attempts(summary), data=summary)
 
 

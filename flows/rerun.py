@@ -28,8 +28,12 @@ def load_recorded(mlflow_run_id: str, tracking_uri: str) -> RecordedRun:
     recorded = load_recorded_run(mlflow_run_id, tracking_uri)
     get_run_logger().info(
         "run %s (%s): spec %s, seed %d, commit %s, environment %s",
-        mlflow_run_id, recorded.run_name, recorded.spec.name, recorded.spec.seed,
-        recorded.tags["git_commit"][:12], recorded.tags["env_fingerprint"][:12],
+        mlflow_run_id,
+        recorded.run_name,
+        recorded.spec.name,
+        recorded.spec.seed,
+        recorded.tags["git_commit"][:12],
+        recorded.tags["env_fingerprint"][:12],
     )
     return recorded
 
@@ -46,7 +50,9 @@ def check_drift(recorded: RecordedRun) -> list[str]:
 @flow(name="rerun", flow_run_name="rerun-{mlflow_run_id}")
 def rerun_training(
     mlflow_run_id: str = Field(
-        pattern=r"^[0-9a-f]{32}$", title="MLflow run id", description="The run to repeat (MLflow's run id, 32 hex digits)."
+        pattern=r"^[0-9a-f]{32}$",
+        title="MLflow run id",
+        description="The run to repeat (MLflow's run id, 32 hex digits).",
     ),
     allow_drift: bool = Field(
         default=False,

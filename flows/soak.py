@@ -18,8 +18,8 @@ from trainflow.backends.processes import describe, job_processes
 from trainflow.drills.chaos import FaultKind, FaultPlan
 from trainflow.drills.cpu_load import cpu_load
 from trainflow.drills.drill import baseline_key, load_baseline, save_baseline
-from trainflow.repro.environment import fingerprint_environment
 from trainflow.drills.soak import plan_faults, render_confusion, soak_kinds, soak_report, soak_spec
+from trainflow.repro.environment import fingerprint_environment
 from trainflow.spec import RunSpec, load_spec
 
 
@@ -32,13 +32,21 @@ def storage_outages(plans: list[FaultPlan]):
         yield plans
         return
     with storage_proxy(outage) as routed:
-        yield [p.model_copy(update={"proxy_port": routed.proxy_port}) if p.kind == FaultKind.storage_outage else p
-               for p in plans]
+        yield [
+            p.model_copy(update={"proxy_port": routed.proxy_port}) if p.kind == FaultKind.storage_outage else p
+            for p in plans
+        ]
 
 
 @flow(name="soak", flow_run_name="{spec.name}-soak-{faults}-faults")
-def soak(spec: RunSpec, faults: int, seed: int = 0, load: bool = False, load_niceness: int = 0,
-         kinds: list[FaultKind] | None = None) -> dict:
+def soak(
+    spec: RunSpec,
+    faults: int,
+    seed: int = 0,
+    load: bool = False,
+    load_niceness: int = 0,
+    kinds: list[FaultKind] | None = None,
+) -> dict:
     """Baseline (reused when one exists), the faulted run, the confusion matrix and the rest."""
     logger = get_run_logger()
     kinds, not_soaked = soak_kinds(spec, kinds)
@@ -57,8 +65,9 @@ def soak(spec: RunSpec, faults: int, seed: int = 0, load: bool = False, load_nic
     report = soak_report(plans, summary, baseline, leftovers, spec.checkpoint.every_steps)
     report["seed"], report["kinds"], report["kinds_not_soaked"] = seed, [k.value for k in kinds], not_soaked
     report["load"] = hog.model_dump() if hog else None
-    logger.info("soak of %d faults: %s\n%s", faults, "PASSED" if report["passed"] else "FAILED",
-                render_confusion(report))
+    logger.info(
+        "soak of %d faults: %s\n%s", faults, "PASSED" if report["passed"] else "FAILED", render_confusion(report)
+    )
     publish_soak(spec.name, report, summary, render_confusion(report))
     return report
 

@@ -50,10 +50,13 @@ def publish(report: UsageReport) -> str:
     with tempfile.TemporaryDirectory(prefix="trainflow-usage-") as folder:
         picture = render_usage(report, Path(folder) / "usage.png").read_bytes()
     if len(picture) <= EMBED_LIMIT_BYTES:
-        markdown += f"\n![Device-hours by {report.by.value}](data:image/png;base64,{base64.b64encode(picture).decode()})\n"
+        markdown += (
+            f"\n![Device-hours by {report.by.value}](data:image/png;base64,{base64.b64encode(picture).decode()})\n"
+        )
     total = report.total
     create_markdown_artifact(
-        markdown, key=ARTIFACT_KEY,
+        markdown,
+        key=ARTIFACT_KEY,
         description=f"{total.runs} runs, {total.device_hours:.3f} device-hours, {total.wasted_share:.0%} wasted",
     )
     return markdown
@@ -62,10 +65,17 @@ def publish(report: UsageReport) -> str:
 @flow(name="usage-report", flow_run_name="usage-by-{by}")
 def usage_report(
     by: GroupBy = Field(default=GroupBy.team, title="Group by", description="team, owner or experiment."),
-    since: str = Field(default="7d", pattern=r"^\d+(\.\d+)?[mhdw]$", title="Period",
-                       description="Runs started in this period before now: 7d, 12h, 2w."),
-    tracking_uri: str | None = Field(default=None, title="MLflow tracking URI",
-                                     description="Where runs are recorded. Default: sqlite:///$TRAINFLOW_HOME/mlflow.db."),
+    since: str = Field(
+        default="7d",
+        pattern=r"^\d+(\.\d+)?[mhdw]$",
+        title="Period",
+        description="Runs started in this period before now: 7d, 12h, 2w.",
+    ),
+    tracking_uri: str | None = Field(
+        default=None,
+        title="MLflow tracking URI",
+        description="Where runs are recorded. Default: sqlite:///$TRAINFLOW_HOME/mlflow.db.",
+    ),
 ) -> str:
     """Publish usage and cost per group for the period as a markdown artifact."""
     return publish(usage_report_of(tracking_uri or default_tracking_uri(), GroupBy(by), since))

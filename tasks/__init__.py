@@ -15,5 +15,4 @@ from prefect.cache_policies import NO_CACHE
 
 
 def lifecycle_task(*, name: str, task_run_name: str | Callable[[], str] | None = None, **options: Any):
-    return task(name=name, task_run_name=task_run_name or name, cache_policy=NO_CACHE, persist_result=False,
-                **options)
+    return task(name=name, task_run_name=task_run_name or name, cache_policy=NO_CACHE, persist_result=False, **options)

@@ -68,16 +68,25 @@ def release_attempt(launched: Launched, result: AttemptResult) -> AttemptResult:
     # the attempt's own span, as the run's summary has it, not the time these writes took
     tracker.end_run(child, "FINISHED" if result.outcome.value == "SUCCEEDED" else "FAILED", end_time=result.ended_at)
     if child is None:
-        get_run_logger().warning("attempt %d released (%d process(es) stopped); not recorded: the tracking store "
-                                 "is down (its logs are kept at teardown)", result.attempt, stopped)
+        get_run_logger().warning(
+            "attempt %d released (%d process(es) stopped); not recorded: the tracking store "
+            "is down (its logs are kept at teardown)",
+            result.attempt,
+            stopped,
+        )
     else:
-        get_run_logger().info("attempt %d released (%d process(es) stopped); its logs: MLflow run %s, artifacts logs/",
-                              result.attempt, stopped, child)
+        get_run_logger().info(
+            "attempt %d released (%d process(es) stopped); its logs: MLflow run %s, artifacts logs/",
+            result.attempt,
+            stopped,
+            child,
+        )
     return result
 
 
-def open_attempt_run(provisioned: Provisioned, spec: RunSpec, attempt: int, started_at: float,
-                     resumed_from_step: int) -> str:
+def open_attempt_run(
+    provisioned: Provisioned, spec: RunSpec, attempt: int, started_at: float, resumed_from_step: int
+) -> str | None:
     """The attempt's nested MLflow run, opened as the attempt starts: it carries the attempt's
     metrics as they come, and spans the attempt's real start and end."""
     record = provisioned.record
@@ -90,8 +99,12 @@ def open_attempt_run(provisioned: Provisioned, spec: RunSpec, attempt: int, star
     )
     provisioned.tracker.log_params(
         child,
-        {"attempt": attempt, "world_size": spec.world_size, "resumed_from_step": resumed_from_step,
-         **attempt_degrees(spec, spec.world_size)},
+        {
+            "attempt": attempt,
+            "world_size": spec.world_size,
+            "resumed_from_step": resumed_from_step,
+            **attempt_degrees(spec, spec.world_size),
+        },
     )
     return child
 
@@ -144,6 +157,7 @@ def recover_nodes(launched: Launched, result: AttemptResult) -> RunSpec:
     if slot in provisioned.allocation.slots:
         provisioned.allocation.slots.remove(slot)
     smaller = spec.with_nodes(spec.resources.nodes - 1)
-    logger.warning("node %d excluded: continuing on %d node(s), world size %d", node, smaller.resources.nodes,
-                   smaller.world_size)
+    logger.warning(
+        "node %d excluded: continuing on %d node(s), world size %d", node, smaller.resources.nodes, smaller.world_size
+    )
     return smaller

@@ -15,8 +15,13 @@ def inject_fault(launched: Launched, plan: FaultPlan) -> Injection:
     """Wait for the planned step, then break what the plan says."""
     spec, provisioned = launched.spec, launched.provisioned
     injection = inject(
-        plan, provisioned.launcher, launched.handle, provisioned.channel, provisioned.allocation,
-        resolve_checkpoint_uri(spec.checkpoint.uri), spec.world_size,
+        plan,
+        provisioned.launcher,
+        launched.handle,
+        provisioned.channel,
+        provisioned.allocation,
+        resolve_checkpoint_uri(spec.checkpoint.uri),
+        spec.world_size,
     )
     logger = get_run_logger()
     if injection.injected:

@@ -9,9 +9,9 @@ from tasks.records import CheckpointRecord, Launched
 from trainflow.checkpoint.catalog import list_committed, missing_or_resized
 from trainflow.checkpoint.storage import Storage, StorageError
 from trainflow.contracts import AttemptResult, RunSummary, run_ledger
+from trainflow.orchestrator.failures import Decision
 from trainflow.reporting.diagnosis import diagnose
 from trainflow.reporting.figures import summary_metric_rows
-from trainflow.orchestrator.failures import Decision
 from trainflow.reporting.plots import log_run_plots
 from trainflow.reporting.summary import run_status
 from trainflow.workload_mode import features_off
@@ -44,8 +44,9 @@ def finalize(
         checkpoints = checkpoint_index(last_attempt.provisioned.storage, record.run_id)
     except StorageError as exc:  # the store is unreachable now: report what the snapshots verified
         get_run_logger().warning("checkpoint index from the snapshots only: %s", exc)
-        checkpoints = [{"step": c.step, "uri": c.uri, "verified": c.verified, "bytes": c.bytes}
-                       for c in snapshots if c.verified]
+        checkpoints = [
+            {"step": c.step, "uri": c.uri, "verified": c.verified, "bytes": c.bytes} for c in snapshots if c.verified
+        ]
     ledger = run_ledger(results, spec.world_size)
     stragglers = [s for r in results for s in r.evidence.get("stragglers", [])]
     summary = RunSummary(
@@ -81,14 +82,18 @@ def finalize(
     # what an attempt cost is known once the next one has started: record it on each nested run
     children = tracker.child_runs(run)
     for row in ledger.attempts:
-        rows = [(key, getattr(row, key), row.attempt, row.ended_at) for key in ("recovery_s", "lost_steps")
-                if getattr(row, key) is not None]
+        rows = [
+            (key, getattr(row, key), row.attempt, row.ended_at)
+            for key in ("recovery_s", "lost_steps")
+            if getattr(row, key) is not None
+        ]
         if row.recovery_phases is not None:  # the same split the summary and the drill report show
             rows += [(key, value, row.attempt, row.ended_at) for key, value in row.recovery_phases.as_metrics().items()]
         if str(row.attempt) in children and rows:
             tracker.log_metrics(children[str(row.attempt)], rows)
-    tracker.log_text(run, "\n".join(f"- {finding}" for finding in summary.diagnosis) or "- nothing to report",
-                     "diagnosis.md")
+    tracker.log_text(
+        run, "\n".join(f"- {finding}" for finding in summary.diagnosis) or "- nothing to report", "diagnosis.md"
+    )
     try:
         summary.plots = log_run_plots(tracker, run, summary)  # plots/timeline.png, plots/goodput.png
     except Exception as exc:  # noqa: BLE001 - pictures are for people, never worth a failed run

@@ -9,7 +9,7 @@ from prefect import get_run_logger
 from tasks import lifecycle_task
 from tasks.records import Provisioned, Ready
 from trainflow.backends.abilities import BuildsImage
-from trainflow.repro.environment import Environment, fingerprint_environment, workload_repo
+from trainflow.repro.environment import fingerprint_environment, workload_repo
 from trainflow.repro.topology import describe_topology
 
 
@@ -38,6 +38,8 @@ def prepare_image(provisioned: Provisioned) -> Ready:
     tracker.log_text(run, describe_topology(), "environment/topology.txt")
     get_run_logger().info(
         "environment %s (commit %s%s)",
-        environment.fingerprint[:12], environment.git_commit[:12], ", dirty" if environment.git_dirty else "",
+        environment.fingerprint[:12],
+        environment.git_commit[:12],
+        ", dirty" if environment.git_dirty else "",
     )
     return Ready(provisioned, environment)

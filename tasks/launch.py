@@ -52,8 +52,11 @@ def choose_retry_point(failed: Launched, resume: bool, previous: Committed | Non
             break
         except StorageError as exc:
             if wait_s is None:
-                logger.warning("checkpoint store unreadable (%s): resuming from %s", exc,
-                               f"step {previous.step} ({previous.prefix})" if previous else "the nodes' own copies")
+                logger.warning(
+                    "checkpoint store unreadable (%s): resuming from %s",
+                    exc,
+                    f"step {previous.step} ({previous.prefix})" if previous else "the nodes' own copies",
+                )
                 return previous
             logger.warning("checkpoint store unreadable, trying again in %ds: %s", wait_s, exc)
             time.sleep(wait_s)
@@ -96,13 +99,23 @@ def launch_attempt(
     newer_local = " or a newer node-local copy" if attempt > 1 and spec.checkpoint.local_tier else ""
     if spec.workload.mode.value == "plain":  # no steps: the script's own folder, or nothing, is restored
         resumed_from_step = 0
-        newer_local = (f" (its folder restored from copy {restore_from.prefix})" if restore_from
-                       and spec.workload.plain.checkpoint_dir else "")
+        newer_local = (
+            f" (its folder restored from copy {restore_from.prefix})"
+            if restore_from and spec.workload.plain.checkpoint_dir
+            else ""
+        )
     # the node folder goes at teardown: point at where the logs are kept
     get_run_logger().info(
         "attempt %d: %d node(s) started (%d warm) from step %d%s; its metrics go to MLflow run %s, nested run "
         "%s-attempt-%d (%s), and its logs too (artifacts logs/) once it ends",
-        attempt, handle.nodes, handle.warm_nodes, resumed_from_step, newer_local, record.mlflow_run_id, record.run_id,
-        attempt, attempt_run_id,
+        attempt,
+        handle.nodes,
+        handle.warm_nodes,
+        resumed_from_step,
+        newer_local,
+        record.mlflow_run_id,
+        record.run_id,
+        attempt,
+        attempt_run_id,
     )
     return Launched(ready, spec, handle, resumed_from_step, attempt_run_id)

@@ -38,7 +38,7 @@ class OutputTail:
             new = log.read(size - log.tell())
         self.offset = size
         lines = [line[:MAX_LINE_CHARS] for line in new.decode(errors="replace").splitlines() if line.strip()]
-        lines = lines[-min(LINES_PER_SAMPLE, MAX_LINES - self.logged):]
+        lines = lines[-min(LINES_PER_SAMPLE, MAX_LINES - self.logged) :]
         if lines:
             self.logged += len(lines)
             capped = " (the last lines shown; the whole output goes to MLflow)" if self.logged >= MAX_LINES else ""

@@ -23,12 +23,16 @@ def provision(record: RunRecord, live: LiveRun) -> Provisioned:
     logger = get_run_logger()
     spec = record.spec
     for reaped in reap_stale_runs():
-        logger.warning("reaped run %s: its orchestrator died before teardown (%d process(es) ended)",
-                       reaped["run_id"], reaped["processes"])
+        logger.warning(
+            "reaped run %s: its orchestrator died before teardown (%d process(es) ended)",
+            reaped["run_id"],
+            reaped["processes"],
+        )
     launcher = launcher_for(spec)
     allocation = launcher.provision(spec, record.run_id, runs_root() / record.run_id)
-    write_marker(allocation.scratch, record.run_id, record.mlflow_run_id, record.tracking_uri,
-                 allocation.network_record())
+    write_marker(
+        allocation.scratch, record.run_id, record.mlflow_run_id, record.tracking_uri, allocation.network_record()
+    )
     # bind where the backend says (0.0.0.0 for pods), advertise the address workers can reach
     bind_host = launcher.status_bind_host if isinstance(launcher, BindsStatusElsewhere) else allocation.status_host
     channel = StatusServer(host=bind_host, advertise_host=allocation.status_host)
@@ -36,6 +40,9 @@ def provision(record: RunRecord, live: LiveRun) -> Provisioned:
     live.open(launcher, channel, Tracker(record.tracking_uri, spec.tracking.store_patience_s), storage)
     logger.info(
         "provisioned %d %s node(s) x %d process(es); status channel on %s",
-        allocation.nodes, launcher.name, spec.resources.procs_per_node, channel.address,
+        allocation.nodes,
+        launcher.name,
+        spec.resources.procs_per_node,
+        channel.address,
     )
     return Provisioned(record=record, allocation=allocation, live=live)

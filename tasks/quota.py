@@ -15,13 +15,20 @@ from uuid import UUID
 from prefect import get_run_logger
 from prefect.settings import PREFECT_API_URL
 
-from tasks import lifecycle_task
-from tasks import quota_api
+from tasks import lifecycle_task, quota_api
 from tasks.records import RunRecord
 from trainflow.orchestrator.interrupts import signals_deferred
 from trainflow.quota import (
-    LIMIT_PREFIX, TEMPORARY_SERVER_ENV, QuotaError, QuotaLease, QuotaNeed, acquired_line, dead_holders, queued_line,
-    remove_lease_file, write_lease_file,
+    LIMIT_PREFIX,
+    TEMPORARY_SERVER_ENV,
+    QuotaError,
+    QuotaLease,
+    QuotaNeed,
+    acquired_line,
+    dead_holders,
+    queued_line,
+    remove_lease_file,
+    write_lease_file,
 )
 from trainflow.reporting.tracking import Tracker
 
@@ -66,12 +73,17 @@ def wait_for_quota(record: RunRecord) -> HeldQuota | None:
     try:
         lease, held_when_queued = _take_when_free(need, record, logger)
         logger.info(acquired_line(need, limit.devices, held_when_queued, lease.waited_s))
-        Tracker(record.tracking_uri).log_metrics(record.mlflow_run_id,
-                                                 [("quota_wait_s", round(lease.waited_s, 3), 0, time.time())])
-        held = HeldQuota(run_id=record.run_id, lease=lease,
-                         holder=UUID(record.prefect_flow_run_id) if record.prefect_flow_run_id else None)
-        held.renewer = threading.Thread(target=_renew_until_stopped, args=(held, logger), daemon=True,
-                                        name=f"quota-lease-{lease.lease_id[:8]}")
+        Tracker(record.tracking_uri).log_metrics(
+            record.mlflow_run_id, [("quota_wait_s", round(lease.waited_s, 3), 0, time.time())]
+        )
+        held = HeldQuota(
+            run_id=record.run_id,
+            lease=lease,
+            holder=UUID(record.prefect_flow_run_id) if record.prefect_flow_run_id else None,
+        )
+        held.renewer = threading.Thread(
+            target=_renew_until_stopped, args=(held, logger), daemon=True, name=f"quota-lease-{lease.lease_id[:8]}"
+        )
         held.renewer.start()
         return held
     except BaseException:  # a failed MLflow write, Ctrl-C: the run stops before it holds anything
@@ -101,9 +113,11 @@ def _take_when_free(need: QuotaNeed, record: RunRecord, logger) -> tuple[QuotaLe
             if held_when_queued is None:
                 current = quota_api.read_limit(need.limit)
                 held_when_queued = current.held if current else 0
-                logger.warning("%s; waiting until the team's runs give devices back (`trainflow quota list` "
-                               "shows any held by runs that no longer exist)",
-                               queued_line(need, held_when_queued, current.devices if current else 0))
+                logger.warning(
+                    "%s; waiting until the team's runs give devices back (`trainflow quota list` "
+                    "shows any held by runs that no longer exist)",
+                    queued_line(need, held_when_queued, current.devices if current else 0),
+                )
             time.sleep(POLL_S)
     return lease, held_when_queued
 
@@ -122,22 +136,37 @@ def release_quota(held: HeldQuota) -> None:
             break
         except Exception as exc:  # noqa: BLE001 - never hide why the run ended; said below
             if delay is None:
-                logger.error("quota %s: could not give back %d devices (%s: %s); `trainflow quota repair %s` "
-                             "gives back what runs that no longer exist hold", lease.limit, lease.devices,
-                             type(exc).__name__, exc, lease.limit.removeprefix(LIMIT_PREFIX))
+                logger.error(
+                    "quota %s: could not give back %d devices (%s: %s); `trainflow quota repair %s` "
+                    "gives back what runs that no longer exist hold",
+                    lease.limit,
+                    lease.devices,
+                    type(exc).__name__,
+                    exc,
+                    lease.limit.removeprefix(LIMIT_PREFIX),
+                )
                 return
-            logger.warning("quota %s: giving back %d devices failed (%s); retrying in %g s",
-                           lease.limit, lease.devices, exc, delay)
+            logger.warning(
+                "quota %s: giving back %d devices failed (%s); retrying in %g s", lease.limit, lease.devices, exc, delay
+            )
             time.sleep(delay)
     remove_lease_file(held.run_id)
     if how == RELEASED:
         logger.info("quota %s: %d devices given back", lease.limit, lease.devices)
     elif how == LOST_LEASE:
-        logger.warning("quota %s: %d devices given back directly: the server had lost the run's lease "
-                       "(restarted) while still counting its devices", lease.limit, count)
+        logger.warning(
+            "quota %s: %d devices given back directly: the server had lost the run's lease "
+            "(restarted) while still counting its devices",
+            lease.limit,
+            count,
+        )
     else:
-        logger.warning("quota %s: the server no longer knew the run's lease (it expired) and counts none of its "
-                       "%d devices: nothing to give back", lease.limit, lease.devices)
+        logger.warning(
+            "quota %s: the server no longer knew the run's lease (it expired) and counts none of its "
+            "%d devices: nothing to give back",
+            lease.limit,
+            lease.devices,
+        )
 
 
 RELEASED, LOST_LEASE, EXPIRED = "released", "lost", "expired"
@@ -175,8 +204,9 @@ def give_back_dead_holders(logger) -> None:
     for dead in dead_holders():
         quota_api.release(dead.lease_id)
         remove_lease_file(dead.run_id)
-        logger.warning("quota %s: gave back %d devices of run %s, whose orchestrator died",
-                       dead.limit, dead.devices, dead.run_id)
+        logger.warning(
+            "quota %s: gave back %d devices of run %s, whose orchestrator died", dead.limit, dead.devices, dead.run_id
+        )
 
 
 def _renew_until_stopped(held: HeldQuota, logger) -> None:
@@ -198,11 +228,17 @@ def _lease_again(held: HeldQuota, logger) -> None:
         quota_api.give_back_slots(lease.limit, counted)
     lease_id = quota_api.try_acquire(lease.limit, lease.devices, held.holder)
     if lease_id is None:
-        logger.warning("quota %s: the server lost the run's lease and its %d devices are taken meanwhile; "
-                       "the run goes on without a lease", lease.limit, lease.devices)
+        logger.warning(
+            "quota %s: the server lost the run's lease and its %d devices are taken meanwhile; "
+            "the run goes on without a lease",
+            lease.limit,
+            lease.devices,
+        )
         return
     held.lease = replace(lease, lease_id=lease_id)
     write_lease_file(held.run_id, held.lease)
-    logger.warning("quota %s: the server lost the run's lease (restarted); its %d devices are held under a new one",
-                   lease.limit, lease.devices)
-
+    logger.warning(
+        "quota %s: the server lost the run's lease (restarted); its %d devices are held under a new one",
+        lease.limit,
+        lease.devices,
+    )

@@ -9,8 +9,14 @@ from httpx import HTTPStatusError
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
 from prefect.client.schemas.filters import (
-    FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType, TaskRunFilter,
-    TaskRunFilterFlowRunId, TaskRunFilterName,
+    FlowFilter,
+    FlowFilterName,
+    FlowRunFilter,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+    TaskRunFilter,
+    TaskRunFilterFlowRunId,
+    TaskRunFilterName,
 )
 from prefect.client.schemas.objects import StateType
 from prefect.exceptions import ObjectNotFound
@@ -41,8 +47,13 @@ def read_limit(name: str) -> TeamLimit | None:
             found = client.read_global_concurrency_limit_by_name(name)
         except ObjectNotFound:
             return None
-    return TeamLimit(team=name.removeprefix(LIMIT_PREFIX), name=found.name, devices=found.limit,
-                     held=found.active_slots, active=found.active)
+    return TeamLimit(
+        team=name.removeprefix(LIMIT_PREFIX),
+        name=found.name,
+        devices=found.limit,
+        held=found.active_slots,
+        active=found.active,
+    )
 
 
 def list_limits() -> list[TeamLimit]:
@@ -51,9 +62,17 @@ def list_limits() -> list[TeamLimit]:
     with get_client(sync_client=True) as client:
         while True:
             batch = client.read_global_concurrency_limits(limit=page, offset=offset)
-            found += [TeamLimit(team=limit.name.removeprefix(LIMIT_PREFIX), name=limit.name, devices=limit.limit,
-                                held=limit.active_slots, active=limit.active)
-                      for limit in batch if limit.name.startswith(LIMIT_PREFIX)]
+            found += [
+                TeamLimit(
+                    team=limit.name.removeprefix(LIMIT_PREFIX),
+                    name=limit.name,
+                    devices=limit.limit,
+                    held=limit.active_slots,
+                    active=limit.active,
+                )
+                for limit in batch
+                if limit.name.startswith(LIMIT_PREFIX)
+            ]
             if len(batch) < page:
                 return sorted(found, key=lambda limit: limit.name)
             offset += page
@@ -87,7 +106,8 @@ def try_acquire(name: str, devices: int, holder_id: UUID | None) -> str | None:
     with get_client(sync_client=True) as client:
         try:
             response = client.increment_concurrency_slots_with_lease(
-                names=[name], slots=devices, mode="concurrency", lease_duration=LEASE_S, holder=holder)
+                names=[name], slots=devices, mode="concurrency", lease_duration=LEASE_S, holder=holder
+            )
         except HTTPStatusError as exc:
             if exc.response.status_code == HTTP_LOCKED:
                 return None
@@ -142,11 +162,15 @@ def holding_runs() -> list[QuotaNeedOfRun]:
             runs = client.read_flow_runs(
                 flow_filter=FlowFilter(name=FlowFilterName(any_=LIFECYCLE_FLOWS)),
                 flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=UNFINISHED))),
-                limit=page, offset=offset,
+                limit=page,
+                offset=offset,
             )
             done = _quota_tasks_completed(client, [run.id for run in runs])
-            found += [need_of_parameters(str(run.id), run.parameters) for run in runs
-                      if done.get((run.id, TAKE_TASK)) and not done.get((run.id, GIVE_BACK_TASK))]
+            found += [
+                need_of_parameters(str(run.id), run.parameters)
+                for run in runs
+                if done.get((run.id, TAKE_TASK)) and not done.get((run.id, GIVE_BACK_TASK))
+            ]
             if len(runs) < page:
                 return found
             offset += page
@@ -157,8 +181,11 @@ def _quota_tasks_completed(client, flow_run_ids: list) -> dict[tuple, bool]:
     if not flow_run_ids:
         return {}
     done: dict[tuple, bool] = {}
-    for task in client.read_task_runs(task_run_filter=TaskRunFilter(
-            flow_run_id=TaskRunFilterFlowRunId(any_=flow_run_ids), name=TaskRunFilterName(like_="quota"))):
+    for task in client.read_task_runs(
+        task_run_filter=TaskRunFilter(
+            flow_run_id=TaskRunFilterFlowRunId(any_=flow_run_ids), name=TaskRunFilterName(like_="quota")
+        )
+    ):
         for name in (TAKE_TASK, GIVE_BACK_TASK):
             if task.name.startswith(name):
                 key = (task.flow_run_id, name)

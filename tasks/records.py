@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 from trainflow.backends import Allocation, AttemptHandle, Launcher
 from trainflow.checkpoint.storage import Storage
-from trainflow.repro.environment import Environment
-from trainflow.spec import RunSpec
 from trainflow.orchestrator.live import LiveRun
 from trainflow.orchestrator.status import StatusServer
 from trainflow.reporting.tracking import Tracker
+from trainflow.repro.environment import Environment
+from trainflow.spec import RunSpec
 
 
 class HandOff:
@@ -31,11 +31,19 @@ class HandOff:
 class RunRecord(HandOff):
     """Identity of one lifecycle run: its validated spec, trainflow's run id and where MLflow keeps it."""
 
-    __slots__ = ("spec", "run_id", "mlflow_run_id", "tracking_uri", "experiment", "prefect_flow_run_id",
-                 "started_at")
+    __slots__ = ("spec", "run_id", "mlflow_run_id", "tracking_uri", "experiment", "prefect_flow_run_id", "started_at")
 
-    def __init__(self, *, spec: RunSpec, run_id: str, mlflow_run_id: str, tracking_uri: str, experiment: str,
-                 prefect_flow_run_id: str, started_at: float):
+    def __init__(
+        self,
+        *,
+        spec: RunSpec,
+        run_id: str,
+        mlflow_run_id: str,
+        tracking_uri: str,
+        experiment: str,
+        prefect_flow_run_id: str,
+        started_at: float,
+    ):
         self.spec, self.run_id, self.mlflow_run_id = spec, run_id, mlflow_run_id
         self.tracking_uri, self.experiment = tracking_uri, experiment
         self.prefect_flow_run_id, self.started_at = prefect_flow_run_id, started_at
@@ -82,8 +90,9 @@ class Launched(HandOff):
 
     __slots__ = ("ready", "spec", "handle", "resumed_from_step", "attempt_run_id")
 
-    def __init__(self, ready: Ready, spec: RunSpec, handle: AttemptHandle, resumed_from_step: int,
-                 attempt_run_id: str):
+    def __init__(
+        self, ready: Ready, spec: RunSpec, handle: AttemptHandle, resumed_from_step: int, attempt_run_id: str | None
+    ):
         self.ready, self.spec, self.handle, self.resumed_from_step = ready, spec, handle, resumed_from_step
         self.attempt_run_id = attempt_run_id
 

@@ -17,10 +17,15 @@ from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.events import emit_event
 
-from tasks.records import CheckpointRecord, RunRecord
 from tasks.automation import (
-    ATTEMPT_FAILED, ATTEMPT_RECOVERED, CHECKPOINT_COMMITTED, RESOURCE_PREFIX, RUN_FAILED, RUN_SUCCEEDED,
+    ATTEMPT_FAILED,
+    ATTEMPT_RECOVERED,
+    CHECKPOINT_COMMITTED,
+    RESOURCE_PREFIX,
+    RUN_FAILED,
+    RUN_SUCCEEDED,
 )
+from tasks.records import CheckpointRecord, RunRecord
 from trainflow.contracts import AttemptResult, Outcome, RunSummary
 from trainflow.contracts.ledger import milliseconds, percent, seconds
 from trainflow.orchestrator.failures import Decision
@@ -75,7 +80,10 @@ def _related(record: RunRecord) -> list[dict[str, str]]:
     ]
     if record.prefect_flow_run_id:
         related.append(
-            {"prefect.resource.id": f"prefect.flow-run.{record.prefect_flow_run_id}", "prefect.resource.role": "flow-run"}
+            {
+                "prefect.resource.id": f"prefect.flow-run.{record.prefect_flow_run_id}",
+                "prefect.resource.role": "flow-run",
+            }
         )
     return related
 
@@ -91,14 +99,20 @@ def _links_of(record: RunRecord) -> dict[str, str | None]:
             mlflow = mlflow_link(record)["url"]
         except Exception:  # noqa: BLE001 - a link is a convenience: the run id is in the payload anyway
             mlflow = None
-        _links[record.run_id] = {"mlflow_url": mlflow,
-                                 "prefect_url": flow_run_url(PREFECT_UI_URL.value(), record.prefect_flow_run_id)}
+        _links[record.run_id] = {
+            "mlflow_url": mlflow,
+            "prefect_url": flow_run_url(PREFECT_UI_URL.value(), record.prefect_flow_run_id),
+        }
     return _links[record.run_id]
 
 
 def _emit(event: str, record: RunRecord, payload: dict) -> None:
-    emit_event(event, resource=_resource(record), related=_related(record),
-               payload={"mlflow_run_id": record.mlflow_run_id, **_links_of(record), **payload})
+    emit_event(
+        event,
+        resource=_resource(record),
+        related=_related(record),
+        payload={"mlflow_run_id": record.mlflow_run_id, **_links_of(record), **payload},
+    )
 
 
 def _describe(report: RunReport, attempt: int, step: int) -> str:
@@ -144,8 +158,11 @@ def report_progress(record: RunRecord, attempt: int, rows: list[tuple[str, float
 def report_checkpoint(record: RunRecord, snapshot: CheckpointRecord) -> None:
     """A checkpoint the snapshot task verified is committed: say so."""
     if snapshot.verified:
-        _emit(CHECKPOINT_COMMITTED, record,
-              {"step": snapshot.step, "uri": snapshot.uri, "bytes": snapshot.bytes, "attempt": snapshot.attempt})
+        _emit(
+            CHECKPOINT_COMMITTED,
+            record,
+            {"step": snapshot.step, "uri": snapshot.uri, "bytes": snapshot.bytes, "attempt": snapshot.attempt},
+        )
 
 
 @best_effort
@@ -184,8 +201,8 @@ def report_run(record: RunRecord, summary: dict) -> None:
         update_progress_artifact(
             report.progress_id,
             100.0 if succeeded else min(100.0, 100.0 * summary["final_step"] / spec.workload.steps),
-            description=f"{summary['status']}: " + (_describe(report, attempt, summary["final_step"]) if steps
-                                                    else f"attempt {attempt}"),
+            description=f"{summary['status']}: "
+            + (_describe(report, attempt, summary["final_step"]) if steps else f"attempt {attempt}"),
         )
     mlflow = mlflow_link(record)
     pictures = plots_markdown(summary, mlflow["url"])
@@ -261,7 +278,9 @@ def summary_markdown(summary: RunSummary | dict, mlflow: dict[str, str]) -> str:
     if mlflow["command"]:
         lines.append(f"| Open it with | `{mlflow['command']}` |")
     if s.teardown:
-        clean = "clean" if s.teardown.get("clean") else "survivors: " + _cell("; ".join(s.teardown.get("survivors", [])))
+        clean = (
+            "clean" if s.teardown.get("clean") else "survivors: " + _cell("; ".join(s.teardown.get("survivors", [])))
+        )
         lines.append(f"| Teardown | {clean} |")
     if s.diagnosis:
         lines += ["", "## Diagnosis", ""] + [f"- {finding}" for finding in s.diagnosis]

@@ -65,8 +65,9 @@ def snapshot_checkpoint(launched: Launched, commit: dict) -> CheckpointRecord:
     deleted: list[int] = []
     try:
         # commits arrive in order: what is newer than this step is not verified and recorded yet
-        deleted = apply_retention(storage, record.run_id, spec.checkpoint.keep_last, spec.checkpoint.keep_every_steps,
-                                  up_to_step=step)
+        deleted = apply_retention(
+            storage, record.run_id, spec.checkpoint.keep_last, spec.checkpoint.keep_every_steps, up_to_step=step
+        )
     except StorageError as exc:  # the store went away after the commit: retention waits for the next snapshot
         logger.warning("retention skipped this time: %s", exc)
     aborted: list[str] = []
@@ -75,7 +76,10 @@ def snapshot_checkpoint(launched: Launched, commit: dict) -> CheckpointRecord:
     except StorageError as exc:  # worth another try at the next snapshot
         logger.warning("could not clean up interrupted uploads: %s", exc)
     logger.info(
-        "checkpoint step %d committed (%.1f kB, upload %.2fs)%s%s", step, size / 1e3, commit.get("upload_s", 0.0),
+        "checkpoint step %d committed (%.1f kB, upload %.2fs)%s%s",
+        step,
+        size / 1e3,
+        commit.get("upload_s", 0.0),
         f"; retention removed steps {deleted}" if deleted else "",
         f"; aborted {len(aborted)} interrupted upload(s)" if aborted else "",
     )

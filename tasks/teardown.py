@@ -18,8 +18,8 @@ from trainflow.checkpoint.keep_local import keep_newer_local_checkpoints
 from trainflow.checkpoint.storage import StorageError
 from trainflow.home import trainflow_home
 from trainflow.orchestrator.orphans import clear_unprovisioned
-from trainflow.spec import RunSpec
 from trainflow.reporting.tracking import PARENT_TAG, Tracker, tracking_uri_for
+from trainflow.spec import RunSpec
 
 T = TypeVar("T")
 WRITE_RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 8.0)  # a SQLite store locked by another writer frees up
@@ -48,8 +48,12 @@ def teardown(
             if last_attempt is not None and not finalized:
                 grace_s = spec.fault_tolerance.preemption_grace_s
                 stopped = provisioned.launcher.stop(last_attempt.handle, grace_s=grace_s)
-                logger.info("attempt %d stopped (%d process(es); SIGTERM, then SIGKILL after %g s)",
-                            last_attempt.attempt, stopped, grace_s)
+                logger.info(
+                    "attempt %d stopped (%d process(es); SIGTERM, then SIGKILL after %g s)",
+                    last_attempt.attempt,
+                    stopped,
+                    grace_s,
+                )
             provisioned.live.close()  # the status channel, and any commit feed still open
             kept = keep_undurable_state(run_id, provisioned, logger)
             kept += keep_unrecorded_logs(run_id, provisioned, logger)
@@ -63,16 +67,20 @@ def teardown(
     if report["clean"]:
         logger.info(
             "teardown: %d process(es) stopped, %d standby interpreter(s) released, ports %s released, "
-            "%d path(s) removed", report["stopped_processes"], report.get("released_standbys", 0),
-            report["released_ports"], len(report["removed_paths"]),
+            "%d path(s) removed",
+            report["stopped_processes"],
+            report.get("released_standbys", 0),
+            report["released_ports"],
+            len(report["removed_paths"]),
         )
     else:
         logger.error("teardown left survivors: %s", "; ".join(report["survivors"]))
     return report
 
 
-def keep_undurable_state(run_id: str, provisioned: Provisioned,
-                         logger: logging.Logger | logging.LoggerAdapter) -> list[str]:
+def keep_undurable_state(
+    run_id: str, provisioned: Provisioned, logger: logging.Logger | logging.LoggerAdapter
+) -> list[str]:
     """Move a node-local checkpoint newer than the store's newest verified one out of the scratch
     that release removes: it is the only copy of the newest state."""
     try:
@@ -82,19 +90,24 @@ def keep_undurable_state(run_id: str, provisioned: Provisioned,
         durable = None
     destination = trainflow_home() / "kept" / run_id
     try:
-        kept = keep_newer_local_checkpoints(provisioned.allocation.scratch, run_id,
-                                            durable.step if durable else None, destination)
+        kept = keep_newer_local_checkpoints(
+            provisioned.allocation.scratch, run_id, durable.step if durable else None, destination
+        )
     except OSError as exc:
         logger.error("could not keep the newest node-local checkpoint of %s: %s", run_id, exc)
         return []
     if kept:
-        logger.warning("the newest state is only on the nodes (newer than the store's step %s): kept in %s",
-                       durable.step if durable else "none", destination)
+        logger.warning(
+            "the newest state is only on the nodes (newer than the store's step %s): kept in %s",
+            durable.step if durable else "none",
+            destination,
+        )
     return kept
 
 
-def keep_unrecorded_logs(run_id: str, provisioned: Provisioned,
-                         logger: logging.Logger | logging.LoggerAdapter) -> list[str]:
+def keep_unrecorded_logs(
+    run_id: str, provisioned: Provisioned, logger: logging.Logger | logging.LoggerAdapter
+) -> list[str]:
     """When the tracking store dropped writes, the attempts' logs may be nowhere else: move them out of
     the scratch that release removes (a rename, which a full disk still allows)."""
     tracker = provisioned.tracker
@@ -109,14 +122,23 @@ def keep_unrecorded_logs(run_id: str, provisioned: Provisioned,
         except OSError as exc:
             logger.error("could not keep the logs of %s (%s): %s", attempt_dir.name, run_id, exc)
     if kept:
-        logger.warning("the tracking store did not record %d write(s): the attempts' logs are kept in %s",
-                       tracker.dropped_writes, destination)
+        logger.warning(
+            "the tracking store did not record %d write(s): the attempts' logs are kept in %s",
+            tracker.dropped_writes,
+            destination,
+        )
     return kept
 
 
 def close_tracking(
-    spec: RunSpec, run_id: str, record: RunRecord | None, provisioned: Provisioned | None, report: dict,
-    finalized: bool, stopped_by: str | None, logger: logging.Logger | logging.LoggerAdapter,
+    spec: RunSpec,
+    run_id: str,
+    record: RunRecord | None,
+    provisioned: Provisioned | None,
+    report: dict,
+    finalized: bool,
+    stopped_by: str | None,
+    logger: logging.Logger | logging.LoggerAdapter,
 ) -> None:
     """Leave no MLflow run of this lifecycle RUNNING: attempts cut short are KILLED, the run itself
     FAILED (KILLED when a signal stopped it) unless finalize closed it."""

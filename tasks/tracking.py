@@ -11,9 +11,9 @@ from prefect.runtime import deployment, flow_run
 from tasks import lifecycle_task
 from tasks.records import RunRecord
 from trainflow.reporting.audit import origin_tags
+from trainflow.reporting.tracking import Tracker, spec_params, tracking_uri_for
 from trainflow.repro.rerun import DRIFT_ARTIFACT, code_snapshot, current_lineage
 from trainflow.spec import RunSpec
-from trainflow.reporting.tracking import Tracker, spec_params, tracking_uri_for
 from trainflow.workload_mode import features_off
 
 

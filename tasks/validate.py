@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from tasks import lifecycle_task
 from trainflow.preflight import preflight
 from trainflow.spec import RunSpec
-
-from tasks import lifecycle_task
 
 
 @lifecycle_task(name="validate-spec")

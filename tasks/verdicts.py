@@ -24,16 +24,22 @@ def _record(summary: dict, tags: dict[str, str], folder: str, report: dict, mark
 @best_effort
 def publish_drill(spec_name: str, report: dict, summary: dict) -> None:
     markdown = verdicts.drill_markdown(report)
-    create_markdown_artifact(markdown, key=verdicts.artifact_key(spec_name, "drill", report["fault"]),
-                             description=f"drill {report['fault']}: {verdicts.drill_tags(report)['drill_verdict']}")
+    create_markdown_artifact(
+        markdown,
+        key=verdicts.artifact_key(spec_name, "drill", report["fault"]),
+        description=f"drill {report['fault']}: {verdicts.drill_tags(report)['drill_verdict']}",
+    )
     _record(summary, verdicts.drill_tags(report), "drill", report, markdown)
 
 
 @best_effort
 def publish_soak(spec_name: str, report: dict, summary: dict, confusion: str) -> None:
     markdown = verdicts.soak_markdown(report, confusion)
-    create_markdown_artifact(markdown, key=verdicts.artifact_key(spec_name, "soak"),
-                             description=f"soak of {report['faults']} faults: {verdicts.soak_tags(report)['soak_verdict']}")
+    create_markdown_artifact(
+        markdown,
+        key=verdicts.artifact_key(spec_name, "soak"),
+        description=f"soak of {report['faults']} faults: {verdicts.soak_tags(report)['soak_verdict']}",
+    )
     _record(summary, verdicts.soak_tags(report), "soak", report, markdown)
 
 
@@ -42,8 +48,18 @@ def publish_rerun(summary: dict) -> dict:
     """The rerun's verdict (drift or none, parameters equal to the original's or not), published."""
     verdict = verdicts.rerun_verdict(summary)
     markdown = verdicts.rerun_markdown(summary, verdict)
-    create_markdown_artifact(markdown, key=verdicts.artifact_key("rerun", str(summary.get("rerun_of"))),
-                             description=verdict["verdict"])
-    _record(summary, verdicts.rerun_tags(verdict), "rerun", {**verdict, "params_sha256": summary.get("params_sha256"),
-            "original_params_sha256": summary.get("original_params_sha256")}, markdown)
+    create_markdown_artifact(
+        markdown, key=verdicts.artifact_key("rerun", str(summary.get("rerun_of"))), description=verdict["verdict"]
+    )
+    _record(
+        summary,
+        verdicts.rerun_tags(verdict),
+        "rerun",
+        {
+            **verdict,
+            "params_sha256": summary.get("params_sha256"),
+            "original_params_sha256": summary.get("original_params_sha256"),
+        },
+        markdown,
+    )
     return verdict

@@ -11,13 +11,13 @@ from tasks.attempts import STOP_GRACE_S
 from tasks.output_tail import sampled_output
 from tasks.records import Launched
 from tasks.reporting import report_progress
-from trainflow.contracts.status_protocol import Checkpoint, Error, Layout, Preempted, Restored
-from trainflow.orchestrator import progress
 from trainflow.checkpoint.plain_copies import read_restores
 from trainflow.checkpoint.storage import StorageError
-from trainflow.orchestrator.plain_copies import CopyFeed
+from trainflow.contracts.status_protocol import Checkpoint, Error, Layout, Preempted, Restored
+from trainflow.orchestrator import progress
 from trainflow.orchestrator.failures import AttemptResult
 from trainflow.orchestrator.live import CommitFeed
+from trainflow.orchestrator.plain_copies import CopyFeed
 from trainflow.orchestrator.status import RankReport
 from trainflow.orchestrator.stragglers import Straggler
 from trainflow.orchestrator.watcher import AttemptWatcher, WatchLimits
@@ -39,17 +39,31 @@ def watch_attempt(launched: Launched, commits: CommitFeed) -> AttemptResult | St
             case RankReport(rank=rank, message=Error() as error):
                 logger.error("rank %s: %s: %s", rank, error.type, error.message)
             case RankReport(rank=rank, message=Restored() as restored):
-                logger.info("rank %s restored step %s (%s) in %.2fs%s", rank, restored.step, restored.tier,
-                            restored.seconds, f"; passed over: {restored.fallbacks}" if restored.fallbacks else "")
+                logger.info(
+                    "rank %s restored step %s (%s) in %.2fs%s",
+                    rank,
+                    restored.step,
+                    restored.tier,
+                    restored.seconds,
+                    f"; passed over: {restored.fallbacks}" if restored.fallbacks else "",
+                )
                 if rank == 0:
                     for skipped in restored.fallbacks:  # which checkpoint was passed over, and why
                         logger.warning("checkpoint skipped at restore: %s", skipped)
             case Straggler(rank=rank, node=node, score=score, step=step):
-                logger.warning("rank %s on node %s is a straggler (compute %.1fx the others') at step %s",
-                               rank, node, score, step)
+                logger.warning(
+                    "rank %s on node %s is a straggler (compute %.1fx the others') at step %s", rank, node, score, step
+                )
             case RankReport(message=Layout() as layout):
-                logger.info("attempt %d layout: %s, world size %s, dp %s, tp %s, pp %s", handle.attempt,
-                            layout.strategy, layout.world_size, layout.dp_degree, layout.tp_degree, layout.pp_degree)
+                logger.info(
+                    "attempt %d layout: %s, world size %s, dp %s, tp %s, pp %s",
+                    handle.attempt,
+                    layout.strategy,
+                    layout.world_size,
+                    layout.dp_degree,
+                    layout.tp_degree,
+                    layout.pp_degree,
+                )
                 for warning in layout.warnings:
                     logger.warning("layout: %s", warning)
                 if layout.warnings:
@@ -92,8 +106,7 @@ def watch_attempt(launched: Launched, commits: CommitFeed) -> AttemptResult | St
     )
     copies = None
     if watcher.plain and spec.workload.plain.checkpoint_dir:  # node 0 commits copies of the script's folder
-        copies = CopyFeed(provisioned.storage, record.run_id, handle.attempt,
-                          commits.publish)
+        copies = CopyFeed(provisioned.storage, record.run_id, handle.attempt, commits.publish)
         copies.start()
     try:
         with sampled_output(handle, logger):  # a bounded tail of the training output, while it trains
@@ -115,8 +128,11 @@ def watch_attempt(launched: Launched, commits: CommitFeed) -> AttemptResult | St
     log("attempt %d ended %s%s: %s", result.attempt, result.outcome.value, at_step, result.reason)
     for failed in result.evidence.get("failed_ranks", [])[:1]:
         if failed["stderr_tail"]:  # the failing rank's own last words, where people look first
-            logger.warning("last stderr lines of %s:\n%s", f"rank {failed['rank']}" if failed["rank"] is not None
-                           else f"node {failed['node']}", "\n".join(failed["stderr_tail"]))
+            logger.warning(
+                "last stderr lines of %s:\n%s",
+                f"rank {failed['rank']}" if failed["rank"] is not None else f"node {failed['node']}",
+                "\n".join(failed["stderr_tail"]),
+            )
     return watched(result, steps_reported=not watcher.plain)  # a failed attempt's task is Failed, the flow goes on
 
 
@@ -136,7 +152,12 @@ def note_restores(launched: Launched, result: AttemptResult) -> None:
     result.resumed_from = f"{storage.uri}/{restored}" if restored else None
     for entry in restores:
         for rejected in entry.get("rejected", []):
-            get_run_logger().warning("node %s passed over copy %s/%s: %s", entry.get("node"), storage.uri,
-                                     rejected["prefix"], rejected["reason"])
+            get_run_logger().warning(
+                "node %s passed over copy %s/%s: %s",
+                entry.get("node"),
+                storage.uri,
+                rejected["prefix"],
+                rejected["reason"],
+            )
     if result.resumed_from:
         get_run_logger().info("attempt %d resumed from %s", result.attempt, result.resumed_from)

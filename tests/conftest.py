@@ -50,8 +50,11 @@ PROCESS_UNIT_MODULES = (
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--without-processes", action="store_true",
-                     help="run only the tests not marked `processes`, and fail any of them that starts a process")
+    parser.addoption(
+        "--without-processes",
+        action="store_true",
+        help="run only the tests not marked `processes`, and fail any of them that starts a process",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -83,6 +86,7 @@ def _no_process_in_the_fast_tier(request: pytest.FixtureRequest, monkeypatch: py
         def start(*args, **kwargs):
             started.append(f"{what}({str(args[0])[:120] if args else ''})")
             raise RuntimeError(f"{request.node.nodeid} starts a process in the tier without processes")
+
         return start
 
     monkeypatch.setattr(subprocess, "_fork_exec", refuse("subprocess"))
@@ -91,8 +95,10 @@ def _no_process_in_the_fast_tier(request: pytest.FixtureRequest, monkeypatch: py
         monkeypatch.setattr(os, name, refuse(f"os.{name}"))
     yield
     if started:
-        pytest.fail(f"starts a process ({started[0]}): add its module to PROCESS_UNIT_MODULES in tests/conftest.py",
-                    pytrace=False)
+        pytest.fail(
+            f"starts a process ({started[0]}): add its module to PROCESS_UNIT_MODULES in tests/conftest.py",
+            pytrace=False,
+        )
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:

@@ -17,8 +17,12 @@ def _add_package_imports(graph) -> None:
             continue
         package = module.rsplit(".", 1)[0]
         if package in graph.modules:
-            graph.add_import(importer=module, imported=package, line_number=0,
-                             line_contents=f"(importing {module} runs {package}/__init__.py)")
+            graph.add_import(
+                importer=module,
+                imported=package,
+                line_number=0,
+                line_contents=f"(importing {module} runs {package}/__init__.py)",
+            )
 
 
 class ForbiddenThroughPackagesContract(ForbiddenContract):

@@ -45,7 +45,10 @@ def prefect_api(tmp_path_factory) -> str:
     api = f"http://127.0.0.1:{port}/api"
     proc = start_server(
         [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env, home / "server.log", f"{api}/health", timeout_s=120,
+        env,
+        home / "server.log",
+        f"{api}/health",
+        timeout_s=120,
     )
     yield api
     stop_server(proc)
@@ -57,17 +60,22 @@ def s3_endpoint(tmp_path_factory) -> str:
     log = tmp_path_factory.mktemp("moto") / "moto.log"
     endpoint = f"http://127.0.0.1:{port}"
     proc = start_server(
-        [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], dict(os.environ), log,
-        f"{endpoint}/moto-api/", timeout_s=60,
+        [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        dict(os.environ),
+        log,
+        f"{endpoint}/moto-api/",
+        timeout_s=60,
     )
     s3_env = s3_environment(endpoint)
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                 aws_access_key_id=s3_env["AWS_ACCESS_KEY_ID"],
-                 aws_secret_access_key=s3_env["AWS_SECRET_ACCESS_KEY"]).create_bucket(Bucket=BUCKET)
+    boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=s3_env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=s3_env["AWS_SECRET_ACCESS_KEY"],
+    ).create_bucket(Bucket=BUCKET)
     yield endpoint
     stop_server(proc)
-
-
 
 
 def s3_environment(endpoint: str) -> dict[str, str]:
@@ -83,8 +91,11 @@ def s3_environment(endpoint: str) -> dict[str, str]:
 def s3(s3_endpoint):
     env = s3_environment(s3_endpoint)
     return boto3.client(
-        "s3", endpoint_url=s3_endpoint, region_name=env["AWS_DEFAULT_REGION"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        "s3",
+        endpoint_url=s3_endpoint,
+        region_name=env["AWS_DEFAULT_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
     )
 
 
@@ -95,5 +106,3 @@ def cli_env(tmp_path, prefect_api, s3_endpoint) -> dict[str, str]:
     env.update({"TRAINFLOW_HOME": str(tmp_path / "home"), "PREFECT_API_URL": prefect_api})
     env.pop("AWS_PROFILE", None)
     return env
-
-

@@ -16,8 +16,9 @@ from trainflow.backends.stacks import py_spy_dump
 DEADLINE_S = 150.0
 
 
-def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int,
-              deadline_s: float = DEADLINE_S) -> dict[Any, Any]:
+def run_ranks(
+    fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, deadline_s: float = DEADLINE_S
+) -> dict[Any, Any]:
     """`fn(rank, *args, results)` in `nprocs` spawned processes; once all exited cleanly, what they
     put in `results` (a shared dict)."""
     with mp.Manager() as manager:

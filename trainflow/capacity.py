@@ -24,18 +24,24 @@ def local_capacity_problem(resources: Resources, cores: int | None = None, overs
     if resources.cpu > cores:
         return f"resources.cpu: {resources.cpu:g} cores per node, but this machine has {cores}"
     if resources.cpu * resources.nodes > CPU_OVERSUBSCRIPTION * cores:
-        return (f"resources.cpu: {resources.cpu:g} x {resources.nodes} nodes oversubscribes this machine's "
-                f"{cores} cores more than {CPU_OVERSUBSCRIPTION}-fold")
+        return (
+            f"resources.cpu: {resources.cpu:g} x {resources.nodes} nodes oversubscribes this machine's "
+            f"{cores} cores more than {CPU_OVERSUBSCRIPTION}-fold"
+        )
     ranks = resources.nodes * resources.procs_per_node
     if ranks > RANKS_PER_CORE * cores and not oversubscribe:
-        return (f"resources.procs_per_node: {resources.nodes} nodes x {resources.procs_per_node} = {ranks} ranks; "
-                f"this machine's {cores} cores host at most {RANKS_PER_CORE * cores} ({RANKS_PER_CORE} per core); "
-                "resources.oversubscribe: true allows more for a small model")
+        return (
+            f"resources.procs_per_node: {resources.nodes} nodes x {resources.procs_per_node} = {ranks} ranks; "
+            f"this machine's {cores} cores host at most {RANKS_PER_CORE * cores} ({RANKS_PER_CORE} per core); "
+            "resources.oversubscribe: true allows more for a small model"
+        )
     if resources.gpu:
         visible = _visible_gpus()
         if resources.gpu * resources.nodes > visible:
-            return (f"resources.gpu: {resources.gpu} x {resources.nodes} nodes = {resources.gpu * resources.nodes} "
-                    f"GPU(s) requested, {visible} visible on this machine")
+            return (
+                f"resources.gpu: {resources.gpu} x {resources.nodes} nodes = {resources.gpu * resources.nodes} "
+                f"GPU(s) requested, {visible} visible on this machine"
+            )
     return None
 
 

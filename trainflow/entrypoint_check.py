@@ -86,8 +86,9 @@ def _imports(tree: ast.AST) -> tuple[bool, bool, list[str]]:
                 names.append(alias.name)
         elif isinstance(node, ast.ImportFrom):
             module = node.module or ""
-            if node.level == 0 and (_is_runtime(module)
-                                    or (module == "trainflow" and any(a.name == "runtime" for a in node.names))):
+            if node.level == 0 and (
+                _is_runtime(module) or (module == "trainflow" and any(a.name == "runtime" for a in node.names))
+            ):
                 return True, dynamic, names
             if node.level == 0:
                 names.append(module)
@@ -98,8 +99,12 @@ def _imports(tree: ast.AST) -> tuple[bool, bool, list[str]]:
             dynamic = True
         elif isinstance(node, ast.Attribute) and node.attr in DYNAMIC_LOADERS:
             dynamic = True
-        elif (isinstance(node, ast.Attribute) and node.attr == "runtime" and isinstance(node.value, ast.Name)
-              and node.value.id == "trainflow"):
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr == "runtime"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "trainflow"
+        ):
             return True, dynamic, names
     return False, dynamic, names
 

@@ -11,9 +11,10 @@ import os
 import urllib.error
 import urllib.parse
 import urllib.request
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from trainflow.quota import LIMIT_PREFIX as TEAM_LIMIT_PREFIX  # the limit holding a team's device quota
+
 TIMEOUT_S = 10
 EVENT_PAGE_SIZE = 50  # the most the server returns per page
 EVENT_PAGES = 20  # at most this many pages of events per flow run
@@ -30,8 +31,10 @@ def api_url() -> str | None:
 def _call(url: str, body: dict | None = None):
     """The JSON answer, None for 404; PrefectApiError when nothing answers or the server refuses."""
     request = urllib.request.Request(
-        url, method="POST" if body is not None else "GET",
-        data=json.dumps(body).encode() if body is not None else None, headers={"Content-Type": "application/json"},
+        url,
+        method="POST" if body is not None else "GET",
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Content-Type": "application/json"},
     )
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
@@ -58,8 +61,10 @@ def unreachable_server() -> str | None:
         return None
     except (OSError, ValueError) as exc:
         reason = str(getattr(exc, "reason", exc))
-    return (f"PREFECT_API_URL: no Prefect server answers at {api} ({reason}); start it, or unset "
-            "PREFECT_API_URL to use a temporary server")
+    return (
+        f"PREFECT_API_URL: no Prefect server answers at {api} ({reason}); start it, or unset "
+        "PREFECT_API_URL to use a temporary server"
+    )
 
 
 def team_limits(api: str, teams: list[str]) -> dict[str, int]:
@@ -73,7 +78,7 @@ def team_limits(api: str, teams: list[str]) -> dict[str, int]:
 
 
 def _iso(unix_s: float) -> str:
-    return datetime.fromtimestamp(unix_s, timezone.utc).isoformat()
+    return datetime.fromtimestamp(unix_s, UTC).isoformat()
 
 
 def flow_run_events(api: str, flow_run_id: str, since: float) -> list[dict]:
@@ -82,7 +87,7 @@ def flow_run_events(api: str, flow_run_id: str, since: float) -> list[dict]:
     body = {
         "filter": {
             "any_resource": {"id": [f"prefect.flow-run.{flow_run_id}"]},
-            "occurred": {"since": _iso(since - 3600), "until": (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat()},
+            "occurred": {"since": _iso(since - 3600), "until": (datetime.now(UTC) + timedelta(hours=1)).isoformat()},
             "order": "ASC",
         },
         "limit": EVENT_PAGE_SIZE,

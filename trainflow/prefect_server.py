@@ -109,9 +109,12 @@ class TemporaryServer:
     def _failure(self, timeout_s: float) -> str:
         tail = " | ".join(line for line in self._log_tail().splitlines()[-3:] if line.strip())
         code = self.process.poll() if self.process is not None else None
-        what = (f"exited with code {code} before it answered" if code is not None else
-                f"did not answer within {timeout_s:g} s (raise {STARTUP_TIMEOUT_ENV}, or set PREFECT_API_URL "
-                "to a running server)")
+        what = (
+            f"exited with code {code} before it answered"
+            if code is not None
+            else f"did not answer within {timeout_s:g} s (raise {STARTUP_TIMEOUT_ENV}, or set PREFECT_API_URL "
+            "to a running server)"
+        )
         return f"the temporary Prefect server {what}" + (f": {tail}" if tail else "")
 
     def _log_tail(self) -> str:
@@ -150,9 +153,11 @@ def _setup_lock(deadline: float, timeout_s: float) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    raise ServerError(f"the temporary Prefect server did not start within {timeout_s:g} s: another "
-                                      f"command was setting up {home}'s database all that time (raise "
-                                      f"{STARTUP_TIMEOUT_ENV})") from None
+                    raise ServerError(
+                        f"the temporary Prefect server did not start within {timeout_s:g} s: another "
+                        f"command was setting up {home}'s database all that time (raise "
+                        f"{STARTUP_TIMEOUT_ENV})"
+                    ) from None
                 time.sleep(0.2)
         try:
             yield
@@ -193,8 +198,14 @@ def serve(parent_pid: int, port: int) -> None:
     _die_with(parent_pid)
     import uvicorn
 
-    uvicorn.run("prefect.server.api.server:create_app", factory=True, host="127.0.0.1", port=port,
-                log_level="error", lifespan="on")
+    uvicorn.run(
+        "prefect.server.api.server:create_app",
+        factory=True,
+        host="127.0.0.1",
+        port=port,
+        log_level="error",
+        lifespan="on",
+    )
 
 
 if __name__ == "__main__":

@@ -27,8 +27,10 @@ def preflight(spec: RunSpec, resume: bool = False) -> None:
     if script_problem is not None:
         raise SpecError(f"workload.entrypoint: {script_problem.line}")
     if spec.workload.mode == WorkloadMode.runtime and imports_runtime(entrypoint) is False:
-        raise SpecError(f"workload.entrypoint: {entrypoint} never imports trainflow.runtime (nor does a module of "
-                        "its own); to run it as a plain torchrun script, set workload.mode: plain")
+        raise SpecError(
+            f"workload.entrypoint: {entrypoint} never imports trainflow.runtime (nor does a module of "
+            "its own); to run it as a plain torchrun script, set workload.mode: plain"
+        )
     unset = [name for name in spec.workload.secret_env if name not in os.environ]
     if unset:
         raise SpecError(f"workload.secret_env: {', '.join(unset)} not set in the orchestrator's environment")

@@ -29,8 +29,10 @@ def private_folder(path: Path) -> Path:
     info = os.lstat(path)
     _check_own_folder(path, info)
     if stat.S_IMODE(info.st_mode) & 0o022:
-        raise UnsafeFolder(f"{path}: others can write to this folder (mode {stat.S_IMODE(info.st_mode):04o}); "
-                           "remove it, or make it 0700, before running again")
+        raise UnsafeFolder(
+            f"{path}: others can write to this folder (mode {stat.S_IMODE(info.st_mode):04o}); "
+            "remove it, or make it 0700, before running again"
+        )
     if stat.S_IMODE(info.st_mode) != PRIVATE_FOLDER:
         os.chmod(path, PRIVATE_FOLDER, follow_symlinks=False)
     return path
@@ -55,17 +57,23 @@ def _check_safe_to_create_in(parent: Path) -> None:
     away and replaced by anyone."""
     info = os.stat(parent)
     if info.st_mode & 0o002 and not info.st_mode & stat.S_ISVTX:
-        raise UnsafeFolder(f"{parent}: anyone can replace what trainflow makes in this folder (mode "
-                           f"{stat.S_IMODE(info.st_mode):04o}); choose a folder of your own")
+        raise UnsafeFolder(
+            f"{parent}: anyone can replace what trainflow makes in this folder (mode "
+            f"{stat.S_IMODE(info.st_mode):04o}); choose a folder of your own"
+        )
 
 
 def _check_own_folder(path: Path, info: os.stat_result) -> None:
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise UnsafeFolder(f"{path}: a {'symbolic link' if stat.S_ISLNK(info.st_mode) else 'file'} where trainflow "
-                           "keeps a private folder; remove it before running again")
+        raise UnsafeFolder(
+            f"{path}: a {'symbolic link' if stat.S_ISLNK(info.st_mode) else 'file'} where trainflow "
+            "keeps a private folder; remove it before running again"
+        )
     if info.st_uid != os.geteuid():
-        raise UnsafeFolder(f"{path}: owned by uid {info.st_uid}, not by this user (uid {os.geteuid()}); "
-                           "trainflow keeps private files only in its own folders: remove it, or choose another one")
+        raise UnsafeFolder(
+            f"{path}: owned by uid {info.st_uid}, not by this user (uid {os.geteuid()}); "
+            "trainflow keeps private files only in its own folders: remove it, or choose another one"
+        )
 
 
 def open_private(path: Path, append: bool = False) -> int:

@@ -65,9 +65,11 @@ class QuotaNeed:
         """The bad-input message when this run alone needs more than the whole limit, else None."""
         if self.devices <= limit:
             return None
-        return (f"resources: the run needs {self.devices} devices (nodes x procs_per_node), more than quota "
-                f"{self.limit} allows at once ({limit}); use fewer or raise it with "
-                f"`trainflow quota set {self.team} --devices {self.devices}`")
+        return (
+            f"resources: the run needs {self.devices} devices (nodes x procs_per_node), more than quota "
+            f"{self.limit} allows at once ({limit}); use fewer or raise it with "
+            f"`trainflow quota set {self.team} --devices {self.devices}`"
+        )
 
 
 @dataclass(frozen=True)
@@ -110,8 +112,10 @@ def stale_slots(held: dict[str, int], holders: list[QuotaNeedOfRun]) -> dict[str
     unknown (its spec unreadable), since then nothing can be called stale safely."""
     if any(holder.limit is None for holder in holders):
         return None
-    return {name: StaleSlots(name, count, sum(h.devices for h in holders if h.limit == name))
-            for name, count in held.items()}
+    return {
+        name: StaleSlots(name, count, sum(h.devices for h in holders if h.limit == name))
+        for name, count in held.items()
+    }
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,7 @@ def acquired_line(need: QuotaNeed, limit: int, held_when_queued: int | None, wai
 
 # --- lease files: which orchestrator holds which lease ---------------------------------------------
 
+
 def lease_folder() -> Path:
     return trainflow_home() / "quota"
 
@@ -146,8 +151,7 @@ def write_lease_file(run_id: str, lease: QuotaLease) -> Path:
     folder = lease_folder()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{run_id}.json"
-    path.write_text(json.dumps({**asdict(lease), "run_id": run_id, "pid": proc.pid,
-                                "pid_started": proc.create_time()}))
+    path.write_text(json.dumps({**asdict(lease), "run_id": run_id, "pid": proc.pid, "pid_started": proc.create_time()}))
     return path
 
 

@@ -58,9 +58,7 @@ class WorkerConfig:
     def from_env(cls) -> WorkerConfig:
         path = os.environ.get(CONFIG_ENV)
         if not path:
-            raise RuntimeError(
-                f"{CONFIG_ENV} is not set: run this script through `trainflow run SPEC`, not directly"
-            )
+            raise RuntimeError(f"{CONFIG_ENV} is not set: run this script through `trainflow run SPEC`, not directly")
         return cls(**json.loads(Path(path).read_text()))
 
 

@@ -36,7 +36,12 @@ class DigitsNet(nn.Module):
     def __init__(self, hidden: int):
         super().__init__()
         self.layers = nn.Sequential(
-            nn.Linear(64, hidden), nn.ReLU(), nn.Dropout(0.1), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10)
+            nn.Linear(64, hidden),
+            nn.ReLU(),
+            nn.Dropout(0.1),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, 10),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -46,7 +51,9 @@ class DigitsNet(nn.Module):
 class ShardedBatches:
     """This rank's slice of each global batch, in an order fixed by (seed, epoch)."""
 
-    def __init__(self, features: torch.Tensor, labels: torch.Tensor, global_batch: int, rank: int, world: int, seed: int):
+    def __init__(
+        self, features: torch.Tensor, labels: torch.Tensor, global_batch: int, rank: int, world: int, seed: int
+    ):
         self.features, self.labels = features, labels
         self.global_batch, self.rank, self.world, self.seed = global_batch, rank, world, seed
         self.per_epoch = len(labels) // global_batch  # drop the ragged tail: every batch is full
@@ -76,10 +83,10 @@ class ShardedBatches:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lr", type=float, default=0.05)       # SGD learning rate
+    parser.add_argument("--lr", type=float, default=0.05)  # SGD learning rate
     parser.add_argument("--momentum", type=float, default=0.9)  # momentum buffers are checkpointed too
-    parser.add_argument("--hidden", type=int, default=128)      # width of the two hidden layers
-    parser.add_argument("--global-batch", type=int, default=64) # samples per step across all ranks
+    parser.add_argument("--hidden", type=int, default=128)  # width of the two hidden layers
+    parser.add_argument("--global-batch", type=int, default=64)  # samples per step across all ranks
     args = parser.parse_args()
 
     run = tf.init()

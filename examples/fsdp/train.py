@@ -34,14 +34,15 @@ def digits() -> TensorDataset:
 
 
 def build(hidden: int) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Dropout(0.1), nn.Linear(hidden, hidden), nn.ReLU(),
-                         nn.Linear(hidden, 10))
+    return nn.Sequential(
+        nn.Linear(64, hidden), nn.ReLU(), nn.Dropout(0.1), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10)
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=16)   # per data-parallel rank
+    parser.add_argument("--batch", type=int, default=16)  # per data-parallel rank
     parser.add_argument("--workers", type=int, default=1)  # DataLoader worker processes per rank
     parser.add_argument("--lr", type=float, default=3e-3)
     args = parser.parse_args()
@@ -56,8 +57,14 @@ def main() -> None:
     fully_shard(model, mesh=mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     schedule = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.95)  # stepped once an epoch
-    loader = tf.ResumableLoader(digits(), args.batch, seed=run.seed, num_replicas=run.parallel.data,
-                                rank=run.parallel.data_rank, num_workers=args.workers)
+    loader = tf.ResumableLoader(
+        digits(),
+        args.batch,
+        seed=run.seed,
+        num_replicas=run.parallel.data,
+        rank=run.parallel.data_rank,
+        num_workers=args.workers,
+    )
 
     start = run.restore(model=model, optimizer=optimizer, schedule=schedule, data=loader)
     epoch = loader.epoch

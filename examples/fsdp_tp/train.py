@@ -74,8 +74,14 @@ class TinyTransformer(nn.Module):
 
 def tensor_parallel(model: TinyTransformer, tp_mesh) -> None:
     """Megatron-style: column-split q/k/v and the MLP's first layer, row-split what follows them."""
-    plan = {"attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),
-            "attn.wo": RowwiseParallel(), "w1": ColwiseParallel(), "w2": RowwiseParallel()}
+    plan = {
+        "attn.wq": ColwiseParallel(),
+        "attn.wk": ColwiseParallel(),
+        "attn.wv": ColwiseParallel(),
+        "attn.wo": RowwiseParallel(),
+        "w1": ColwiseParallel(),
+        "w2": RowwiseParallel(),
+    }
     for block in model.blocks:
         parallelize_module(block, tp_mesh, plan)
 
@@ -92,15 +98,15 @@ def batch(step: int, seed: int, global_batch: int, seq: int, vocab: int, run: tf
     generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
     first = torch.randint(0, vocab, (global_batch, 1), generator=generator)
     steps = torch.arange(seq + 1)
-    tokens = (first * (5 ** steps) + 3 * ((5 ** steps - 1) // 4)) % vocab
+    tokens = (first * (5**steps) + 3 * ((5**steps - 1) // 4)) % vocab
     mine = tokens[run.parallel.data_rank :: run.parallel.data]
     return mine[:, :-1], mine[:, 1:]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dim", type=int, default=32)           # model width; heads and 4*dim split over tp
-    parser.add_argument("--heads", type=int, default=4)          # must be a multiple of parallel.tensor
+    parser.add_argument("--dim", type=int, default=32)  # model width; heads and 4*dim split over tp
+    parser.add_argument("--heads", type=int, default=4)  # must be a multiple of parallel.tensor
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=64)
     parser.add_argument("--seq", type=int, default=16)

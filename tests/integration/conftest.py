@@ -34,8 +34,9 @@ def run_cli(args: list[str], env: dict, timeout_s: float = 240) -> subprocess.Co
     """A `trainflow` command run to its end. One still running after `timeout_s` fails the test with
     its stderr's tail and the stacks of it and every process under it, all of which are then ended."""
     command = [str(BIN / "trainflow"), *args]
-    with subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True) as proc:
+    with subprocess.Popen(
+        command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
         try:
             stdout, stderr = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -48,8 +49,10 @@ def run_cli(args: list[str], env: dict, timeout_s: float = 240) -> subprocess.Co
                 stdout, stderr = proc.communicate(timeout=30)
             except subprocess.TimeoutExpired:  # a process outside the tree still holds its pipes
                 stdout, stderr = "", "(its output pipes are still held open by another process)"
-            pytest.fail(f"trainflow {' '.join(args[:2])} still running after {timeout_s:g} s\n"
-                        f"stderr (tail):\n{stderr[-6000:]}\n{stacks}")
+            pytest.fail(
+                f"trainflow {' '.join(args[:2])} still running after {timeout_s:g} s\n"
+                f"stderr (tail):\n{stderr[-6000:]}\n{stacks}"
+            )
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
@@ -75,7 +78,8 @@ def summary_of(result: subprocess.CompletedProcess) -> dict:
         return json.loads(lines[-1])
     except ValueError:
         raise AssertionError(
-            f"last stdout line is not JSON:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}") from None
+            f"last stdout line is not JSON:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+        ) from None
 
 
 def job_processes(run_id: str) -> list[psutil.Process]:

@@ -32,7 +32,9 @@ def api_call(api: str, method: str, path: str, body: dict | None = None):
     """(status, JSON) of one REST call, as the UI makes it."""
     for wait_s in (*RETRY_WAITS_S, None):
         request = urllib.request.Request(
-            f"{api}{path}", method=method, data=json.dumps(body).encode() if body is not None else None,
+            f"{api}{path}",
+            method=method,
+            data=json.dumps(body).encode() if body is not None else None,
             headers={"Content-Type": "application/json"},
         )
         try:
@@ -57,8 +59,14 @@ def prefect_env(api: str, **extra: str) -> dict[str, str]:
 
 def deploy_all(api: str) -> None:
     """`make deploy`: the process work pool and `prefect deploy --all` from prefect.yaml."""
-    result = subprocess.run(["make", "--no-print-directory", "deploy", f"PREFECT_API_URL={api}"], cwd=ROOT,
-                            env=prefect_env(api), capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        ["make", "--no-print-directory", "deploy", f"PREFECT_API_URL={api}"],
+        cwd=ROOT,
+        env=prefect_env(api),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, f"make deploy:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     # the nightly schedule stays as deployed, but must not start a run while the tests use the worker
     nightly = deployment(api, "train-nightly")
@@ -73,12 +81,17 @@ def deployment(api: str, name: str, flow: str = FLOW) -> dict:
 def process_worker(api: str, home: Path, log: Path):
     """`prefect worker start --pool trainflow-local` in the project root, TRAINFLOW_HOME set; stopped
     with everything it started."""
-    env = prefect_env(api, TRAINFLOW_HOME=str(home), PREFECT_WORKER_QUERY_SECONDS="1",
-                      PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    env = prefect_env(
+        api, TRAINFLOW_HOME=str(home), PREFECT_WORKER_QUERY_SECONDS="1", PREFECT_SERVER_ANALYTICS_ENABLED="false"
+    )
     with open(log, "wb") as out:
         worker = subprocess.Popen(
             [str(BIN / "prefect"), "worker", "start", "--pool", POOL, "--name", f"tests-{os.getpid()}"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         yield worker

@@ -44,10 +44,24 @@ class FinishedRuns:
 
 
 def run_args(entrypoint: str, args: list[str], team: str, owner: str, *more: str) -> list[str]:
-    return ["run", SPEC, "--set", f"workload.entrypoint={entrypoint}", "--set", f"workload.args={json.dumps(args)}",
-            "--set", f"workload.steps={STEPS}", "--set", "checkpoint.every_steps=5",
-            "--set", f"tracking.experiment={EXPERIMENT}",
-            "--set", f"tracking.tags={json.dumps({'team': team, 'owner': owner})}", *more, "--json"]
+    return [
+        "run",
+        SPEC,
+        "--set",
+        f"workload.entrypoint={entrypoint}",
+        "--set",
+        f"workload.args={json.dumps(args)}",
+        "--set",
+        f"workload.steps={STEPS}",
+        "--set",
+        "checkpoint.every_steps=5",
+        "--set",
+        f"tracking.experiment={EXPERIMENT}",
+        "--set",
+        f"tracking.tags={json.dumps({'team': team, 'owner': owner})}",
+        *more,
+        "--json",
+    ]
 
 
 def drifted_environment(env: dict[str, str], folder: Path) -> dict[str, str]:
@@ -62,31 +76,58 @@ def drifted_environment(env: dict[str, str], folder: Path) -> dict[str, str]:
 
 def make_finished_runs(folder: Path, prefect_api: str, s3_endpoint: str) -> FinishedRuns:
     """The runs, in `folder`; the session fixture `finished_runs` (conftest) makes them once."""
-    env = {**os.environ, **s3_environment(s3_endpoint), "TRAINFLOW_HOME": str(folder / "home"),
-           "PREFECT_API_URL": prefect_api, SECRET_NAME: SECRET_VALUE}
+    env = {
+        **os.environ,
+        **s3_environment(s3_endpoint),
+        "TRAINFLOW_HOME": str(folder / "home"),
+        "PREFECT_API_URL": prefect_api,
+        SECRET_NAME: SECRET_VALUE,
+    }
     env.pop("AWS_PROFILE", None)
     workload = folder / "workload"
     workload.mkdir()
     for name in ("fail_once.py", "tiny_ddp.py"):  # the script and the job it imports from its folder
         shutil.copy(WORKLOADS / name, workload / name)
     script = workload / "fail_once.py"
-    failing_over = run_cli(run_args(
-        str(script), ["--fail-at-step", "5", "--marker", str(folder / "failed")],
-        "usage-vision", "ada", "--set", f"workload.secret_env=[{SECRET_NAME}]",
-        "--set", f"checkpoint.uri={unique_prefix()}",
-    ), env)
+    failing_over = run_cli(
+        run_args(
+            str(script),
+            ["--fail-at-step", "5", "--marker", str(folder / "failed")],
+            "usage-vision",
+            "ada",
+            "--set",
+            f"workload.secret_env=[{SECRET_NAME}]",
+            "--set",
+            f"checkpoint.uri={unique_prefix()}",
+        ),
+        env,
+    )
     assert failing_over.returncode == 0, failing_over.stderr[-4000:]
     original = summary_of(failing_over)
     rerun = run_cli(["rerun", original["mlflow_run_id"], "--json"], env)
     assert rerun.returncode == 0, rerun.stderr[-4000:]
-    drifted = run_cli(["rerun", original["mlflow_run_id"], "--allow-drift", "--json"],
-                      drifted_environment(env, folder))
+    drifted = run_cli(["rerun", original["mlflow_run_id"], "--allow-drift", "--json"], drifted_environment(env, folder))
     assert drifted.returncode == 0, drifted.stderr[-4000:]
-    failing = run_cli(run_args(
-        "tests/integration/workloads/exit_at_step.py", ["--exit-at-step", "3"], "usage-nlp", "bob",
-        "--set", "fault_tolerance.max_restarts=0",
-    ), env)
+    failing = run_cli(
+        run_args(
+            "tests/integration/workloads/exit_at_step.py",
+            ["--exit-at-step", "3"],
+            "usage-nlp",
+            "bob",
+            "--set",
+            "fault_tolerance.max_restarts=0",
+        ),
+        env,
+    )
     assert failing.returncode == 1, failing.stderr[-4000:]
-    return FinishedRuns(env=env, folder=folder, script=script, original=original, rerun=summary_of(rerun),
-                        drifted_rerun=summary_of(drifted), failed=summary_of(failing),
-                        tracking_uri=original["tracking_uri"], api=prefect_api)
+    return FinishedRuns(
+        env=env,
+        folder=folder,
+        script=script,
+        original=original,
+        rerun=summary_of(rerun),
+        drifted_rerun=summary_of(drifted),
+        failed=summary_of(failing),
+        tracking_uri=original["tracking_uri"],
+        api=prefect_api,
+    )

@@ -1,5 +1,5 @@
-"""Bad input to `trainflow run` (and `trainflow drill`): exit 2, one line on stderr naming the field or file, and nothing
-created: no TRAINFLOW_HOME (so no MLflow run, no run folder), no Prefect server, no process."""
+"""Bad input to `trainflow run` (and `trainflow drill`): exit 2, one line on stderr naming the field or file, and
+nothing created: no TRAINFLOW_HOME (so no MLflow run, no run folder), no Prefect server, no process."""
 
 from __future__ import annotations
 
@@ -45,28 +45,58 @@ CASES = {
     "steps: 1.0e+29": (lambda tmp: _with("workload.steps=1.0e+29"), "workload.steps: must be a whole number"),
     "cpu: inf": (lambda tmp: _with("resources.cpu=inf"), "resources.cpu: must be a number"),
     "cpu: .inf": (lambda tmp: _with("resources.cpu=.inf"), "resources.cpu: must be a finite number"),
-    "another backend's section": (lambda tmp: _with("slurm.partition=debug"), "slurm: only read with resources.backend: slurm"),
-    "a plain script in runtime mode": (lambda tmp: _with(f"workload.entrypoint={tmp / 'plain.py'}"),
-                                       "plain.py never imports trainflow.runtime"),
-    "a script that does not compile": (lambda tmp: _with(f"workload.entrypoint={tmp / 'broken.py'}",
-                                                         "workload.mode=plain"),
-                                       "broken.py:3: SyntaxError:"),
-    "a rule's regular expression": (lambda tmp: _with("fault_tolerance.rules=[{log_pattern: '(oops', outcome: INFRA}]"),
-                                    "fault_tolerance.rules.0.log_pattern: not a regular expression"),
+    "another backend's section": (
+        lambda tmp: _with("slurm.partition=debug"),
+        "slurm: only read with resources.backend: slurm",
+    ),
+    "a plain script in runtime mode": (
+        lambda tmp: _with(f"workload.entrypoint={tmp / 'plain.py'}"),
+        "plain.py never imports trainflow.runtime",
+    ),
+    "a script that does not compile": (
+        lambda tmp: _with(f"workload.entrypoint={tmp / 'broken.py'}", "workload.mode=plain"),
+        "broken.py:3: SyntaxError:",
+    ),
+    "a rule's regular expression": (
+        lambda tmp: _with("fault_tolerance.rules=[{log_pattern: '(oops', outcome: INFRA}]"),
+        "fault_tolerance.rules.0.log_pattern: not a regular expression",
+    ),
     "a drill's checkpoint that cannot exist yet": (
         lambda tmp: ["drill", SPEC, "--fault", "corrupt-checkpoint", "--at-step", "30"],  # every_steps: 50
-        "--at-step 30: corrupt-checkpoint needs a committed checkpoint before the fault"),
+        "--at-step 30: corrupt-checkpoint needs a committed checkpoint before the fault",
+    ),
     # tags trainflow writes itself: lineage, the launching user, the run's identity
-    "forged parent run": (lambda tmp: _with('tracking.tags={"mlflow.parentRunId": "0" }'), "tracking.tags: mlflow.parentRunId: reserved"),
+    "forged parent run": (
+        lambda tmp: _with('tracking.tags={"mlflow.parentRunId": "0" }'),
+        "tracking.tags: mlflow.parentRunId: reserved",
+    ),
     "forged user": (lambda tmp: _with("tracking.tags={mlflow.user: someone}"), "tracking.tags: mlflow.user: reserved"),
     "forged rerun": (lambda tmp: _with("tracking.tags={rerun_of: abc}"), "tracking.tags: rerun_of: reserved"),
-    "forged run id": (lambda tmp: _with("tracking.tags={trainflow.run_id: x}"), "tracking.tags: trainflow.run_id: reserved"),
+    "forged run id": (
+        lambda tmp: _with("tracking.tags={trainflow.run_id: x}"),
+        "tracking.tags: trainflow.run_id: reserved",
+    ),
     "forged status": (lambda tmp: _with("tracking.tags={status: succeeded}"), "tracking.tags: status: reserved"),
-    "experiment at an absolute path": (lambda tmp: _with(f"tracking.experiment={tmp}/elsewhere"), "tracking.experiment: a name, not a path"),
-    "experiment up a folder": (lambda tmp: _with("tracking.experiment=../x"), "tracking.experiment: a name, not a path"),
-    "experiment of 5000 characters": (lambda tmp: _with("tracking.experiment=" + "e" * 5000), "tracking.experiment: 5000 characters"),
-    "experiment with a control character": (lambda tmp: _with('tracking.experiment="a\\tb"'), "tracking.experiment: no control characters"),
-    "a key written twice": (lambda tmp: ["run", _spec_with_a_key_twice(tmp)], "twice.yaml: key 'steps' is written twice"),
+    "experiment at an absolute path": (
+        lambda tmp: _with(f"tracking.experiment={tmp}/elsewhere"),
+        "tracking.experiment: a name, not a path",
+    ),
+    "experiment up a folder": (
+        lambda tmp: _with("tracking.experiment=../x"),
+        "tracking.experiment: a name, not a path",
+    ),
+    "experiment of 5000 characters": (
+        lambda tmp: _with("tracking.experiment=" + "e" * 5000),
+        "tracking.experiment: 5000 characters",
+    ),
+    "experiment with a control character": (
+        lambda tmp: _with('tracking.experiment="a\\tb"'),
+        "tracking.experiment: no control characters",
+    ),
+    "a key written twice": (
+        lambda tmp: ["run", _spec_with_a_key_twice(tmp)],
+        "twice.yaml: key 'steps' is written twice",
+    ),
 }
 
 PLAIN_SCRIPT = "import torch.distributed as dist\n\ndist.init_process_group('gloo')\ndist.destroy_process_group()\n"
@@ -138,7 +168,9 @@ def test_an_unreachable_prefect_server_is_bad_input_and_nothing_is_created(tmp_p
     home = tmp_path / "home"
     env = {**os.environ, "TRAINFLOW_HOME": str(home), "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}
 
-    answer = _refused(run_cli(["run", SPEC, "--json"], env, timeout_s=120), "PREFECT_API_URL: no Prefect server answers")
+    answer = _refused(
+        run_cli(["run", SPEC, "--json"], env, timeout_s=120), "PREFECT_API_URL: no Prefect server answers"
+    )
 
     assert "Connection refused" in answer["error"]
     assert not home.exists(), sorted(str(p) for p in home.rglob("*"))  # no checkpoints/, no mlflow.db

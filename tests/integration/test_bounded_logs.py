@@ -48,11 +48,25 @@ def test_a_script_printing_120_mib_per_rank_stays_within_the_node_log_bound(cli_
     watch = PeakSize(runs)
     watch.start()
     try:
-        result = run_cli(["run", "examples/digits/spec.yaml", "--json",
-                          "--set", "workload.entrypoint=tests/integration/workloads/loud_output.py",
-                          "--set", "workload.mode=plain", "--set", "workload.args=[--steps, '60', --mib, '1']",
-                          "--set", f"tracking.max_node_log_mb={BOUND_MB}", "--set", "fault_tolerance.max_restarts=0"],
-                         cli_env, timeout_s=480)
+        result = run_cli(
+            [
+                "run",
+                "examples/digits/spec.yaml",
+                "--json",
+                "--set",
+                "workload.entrypoint=tests/integration/workloads/loud_output.py",
+                "--set",
+                "workload.mode=plain",
+                "--set",
+                "workload.args=[--steps, '60', --mib, '1']",
+                "--set",
+                f"tracking.max_node_log_mb={BOUND_MB}",
+                "--set",
+                "fault_tolerance.max_restarts=0",
+            ],
+            cli_env,
+            timeout_s=480,
+        )
     finally:
         watch.done.set()
         watch.join()
@@ -64,11 +78,15 @@ def test_a_script_printing_120_mib_per_rank_stays_within_the_node_log_bound(cli_
     assert "ran out of data after 60 steps" in summary["reason"], summary["reason"]  # the failing rank's stderr tail
 
     client = MlflowClient(summary["tracking_uri"])
-    child = client.search_runs([client.get_run(summary["mlflow_run_id"]).info.experiment_id],
-                               filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'")[0]
+    child = client.search_runs(
+        [client.get_run(summary["mlflow_run_id"]).info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'",
+    )[0]
     downloaded = Path(client.download_artifacts(child.info.run_id, "logs", str(tmp_path)))
     kept = sorted(downloaded.rglob("*"))
-    assert folder_size(downloaded) <= 2 * BOUND_MB * MiB + MiB, [(p.name, p.stat().st_size) for p in kept if p.is_file()]
+    assert folder_size(downloaded) <= 2 * BOUND_MB * MiB + MiB, [
+        (p.name, p.stat().st_size) for p in kept if p.is_file()
+    ]
     for node in (0, 1):
         text = (downloaded / f"node-{node}.log").read_text(errors="replace")
         assert "bytes of this node's output dropped here" in text

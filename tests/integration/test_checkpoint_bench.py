@@ -15,8 +15,15 @@ from trainflow.backends.ports import is_listening
 pytestmark = pytest.mark.integration
 
 FIGURES = [
-    "sync_stall_s", "async_stall_s", "local_write_MBps", "s3_upload_MBps", "raw_boto3_upload_MBps",
-    "s3_restore_MBps", "raw_boto3_download_MBps", "verify_s", "step_overhead_pct",
+    "sync_stall_s",
+    "async_stall_s",
+    "local_write_MBps",
+    "s3_upload_MBps",
+    "raw_boto3_upload_MBps",
+    "s3_restore_MBps",
+    "raw_boto3_download_MBps",
+    "verify_s",
+    "step_overhead_pct",
 ]
 
 

@@ -85,9 +85,15 @@ class Job:
     def scratch(self, node: int) -> Path:
         return self.home / self.run_id / f"node-{node}"
 
-    def run(self, steps: int, restore_prefix: str | None = None, timeout_s: float = 240,
-            nodes: int | None = None, procs_per_node: int | None = None,
-            during=None) -> Attempt:
+    def run(
+        self,
+        steps: int,
+        restore_prefix: str | None = None,
+        timeout_s: float = 240,
+        nodes: int | None = None,
+        procs_per_node: int | None = None,
+        during=None,
+    ) -> Attempt:
         """Run one attempt to its end; `during(channel)` runs alongside it (to inject a fault)."""
         nodes = nodes or self.nodes
         procs = procs_per_node or self.procs_per_node
@@ -101,32 +107,76 @@ class Job:
         try:
             for node in range(nodes):
                 config = WorkerConfig(
-                    run_id=self.run_id, attempt=self.attempts, node=node,
-                    status_address=channel.address, status_token=channel.token,
-                    checkpoint_uri=self.uri, every_steps=self.every_steps, total_steps=steps, seed=1234,
-                    spec_hash="0" * 64, code_version="test", comm_backend="gloo", collective_timeout_s=120,
-                    heartbeat_interval_s=1.0, orchestrator_timeout_s=120, node_scratch=str(self.scratch(node)),
-                    restore_prefix=restore_prefix, snapshot_every_s=self.snapshot_every_s,
-                    local_tier=self.local_tier, pause_at_step=self.pause_at_step,
+                    run_id=self.run_id,
+                    attempt=self.attempts,
+                    node=node,
+                    status_address=channel.address,
+                    status_token=channel.token,
+                    checkpoint_uri=self.uri,
+                    every_steps=self.every_steps,
+                    total_steps=steps,
+                    seed=1234,
+                    spec_hash="0" * 64,
+                    code_version="test",
+                    comm_backend="gloo",
+                    collective_timeout_s=120,
+                    heartbeat_interval_s=1.0,
+                    orchestrator_timeout_s=120,
+                    node_scratch=str(self.scratch(node)),
+                    restore_prefix=restore_prefix,
+                    snapshot_every_s=self.snapshot_every_s,
+                    local_tier=self.local_tier,
+                    pause_at_step=self.pause_at_step,
                     fault_gate=str(fault_gate_path(folder.parent, self.attempts)) if self.pause_at_step else None,
                 )
                 path = config.write(folder / f"node-{node}.json")
                 log = folder / f"node-{node}.log"
                 logs.append(log)
                 command = [
-                    sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes),
-                    "--nproc-per-node", str(procs), "--rdzv-backend", "c10d",
-                    "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"{self.run_id}-{self.attempts}",
-                    "--rdzv-conf", f"is_host={'true' if node == 0 else 'false'}", "--max-restarts", "0",
-                    "--monitor-interval", "0.1", "--local-addr", "127.0.0.1",
-                    "--log-dir", str(folder / "torchrun" / f"node-{node}"), WORKLOAD, *self.args,
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--nnodes",
+                    str(nodes),
+                    "--nproc-per-node",
+                    str(procs),
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    f"127.0.0.1:{port}",
+                    "--rdzv-id",
+                    f"{self.run_id}-{self.attempts}",
+                    "--rdzv-conf",
+                    f"is_host={'true' if node == 0 else 'false'}",
+                    "--max-restarts",
+                    "0",
+                    "--monitor-interval",
+                    "0.1",
+                    "--local-addr",
+                    "127.0.0.1",
+                    "--log-dir",
+                    str(folder / "torchrun" / f"node-{node}"),
+                    WORKLOAD,
+                    *self.args,
                 ]
-                env = {**self.env, CONFIG_ENV: str(path), JOB_ENV: self.run_id, "OMP_NUM_THREADS": "1",
-                       "PYTHONUNBUFFERED": "1"}
+                env = {
+                    **self.env,
+                    CONFIG_ENV: str(path),
+                    JOB_ENV: self.run_id,
+                    "OMP_NUM_THREADS": "1",
+                    "PYTHONUNBUFFERED": "1",
+                }
                 with open(log, "wb") as out:
-                    procs_started.append(subprocess.Popen(
-                        command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                    ))
+                    procs_started.append(
+                        subprocess.Popen(
+                            command,
+                            cwd=ROOT,
+                            env=env,
+                            stdout=out,
+                            stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                        )
+                    )
             worker = threading.Thread(target=during, args=(channel,), daemon=True) if during else None
             if worker:
                 worker.start()
@@ -275,8 +325,9 @@ def test_torn_checkpoints_are_never_loaded_and_the_previous_one_is(saved, s3, s3
     source, target = f"{key_prefix(saved.job.uri)}/{run}/", f"{key_prefix(uri)}/{run}/"
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=source):
         for obj in page.get("Contents", []):
-            s3.copy_object(Bucket=BUCKET, Key=target + obj["Key"][len(source):],
-                           CopySource={"Bucket": BUCKET, "Key": obj["Key"]})
+            s3.copy_object(
+                Bucket=BUCKET, Key=target + obj["Key"][len(source) :], CopySource={"Bucket": BUCKET, "Key": obj["Key"]}
+            )
 
     def key(step: int, name: str) -> str:
         return f"{target}step-{step:08d}/{name}"
@@ -313,8 +364,11 @@ class CopiedRun:
         source, self.target = f"{key_prefix(saved.job.uri)}/{self.run}/", f"{key_prefix(self.uri)}/{self.run}/"
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=source):
             for obj in page.get("Contents", []):
-                s3.copy_object(Bucket=BUCKET, Key=self.target + obj["Key"][len(source):],
-                               CopySource={"Bucket": BUCKET, "Key": obj["Key"]})
+                s3.copy_object(
+                    Bucket=BUCKET,
+                    Key=self.target + obj["Key"][len(source) :],
+                    CopySource={"Bucket": BUCKET, "Key": obj["Key"]},
+                )
 
     def key(self, step: int, name: str) -> str:
         return f"{self.target}step-{step:08d}/{name}"
@@ -325,11 +379,14 @@ class CopiedRun:
     def rewrite(self, step: int, name: str, data: bytes) -> None:
         """Replace one file and give the manifest its new size and sha256: a hash-consistent forgery."""
         manifest = Manifest.from_json(self.body(step, MANIFEST_NAME))
-        files = tuple(FileEntry(e.name, len(data), hashlib.sha256(data).hexdigest()) if e.name == name else e
-                      for e in manifest.files)
+        files = tuple(
+            FileEntry(e.name, len(data), hashlib.sha256(data).hexdigest()) if e.name == name else e
+            for e in manifest.files
+        )
         self.s3.put_object(Bucket=BUCKET, Key=self.key(step, name), Body=data)
-        self.s3.put_object(Bucket=BUCKET, Key=self.key(step, MANIFEST_NAME),
-                           Body=replace(manifest, files=files).to_json().encode())
+        self.s3.put_object(
+            Bucket=BUCKET, Key=self.key(step, MANIFEST_NAME), Body=replace(manifest, files=files).to_json().encode()
+        )
 
 
 def test_a_metadata_pointing_outside_the_checkpoint_is_refused(saved, s3, s3_endpoint, tmp_path):
@@ -346,7 +403,8 @@ def test_a_metadata_pointing_outside_the_checkpoint_is_refused(saved, s3, s3_end
     copied.rewrite(50, ".metadata", pickle.dumps(metadata))
 
     attempt = new_job(tmp_path / "job", copied.uri, worker_env(s3_endpoint)).run(
-        steps=50, restore_prefix=f"{copied.run}/step-00000050")
+        steps=50, restore_prefix=f"{copied.run}/step-00000050"
+    )
     assert attempt.returncodes == [0, 0], attempt.explain()
     assert attempt.restored["step"] == 40 and attempt.restored["tier"] == "durable"
     rejected = {e["step"]: e["reason"] for e in attempt.of("checkpoint", status="rejected")}
@@ -357,15 +415,15 @@ def test_a_metadata_pointing_outside_the_checkpoint_is_refused(saved, s3, s3_end
     assert attempt.finished["params_sha256"] == saved.params  # step 40, trained on to 50
 
 
-def test_hash_consistent_but_malformed_state_falls_back_to_the_previous_checkpoint(saved, s3, s3_endpoint,
-                                                                                     tmp_path):
+def test_hash_consistent_but_malformed_state_falls_back_to_the_previous_checkpoint(saved, s3, s3_endpoint, tmp_path):
     copied = CopiedRun(s3, saved)
     copied.rewrite(50, "state.json", b'{"model": {"weight": ')  # not JSON
     # valid JSON of the wrong shape, and in one rank's file only: every rank must move on together
     copied.rewrite(40, "rank-1.json", json.dumps({"step": 40, "rng": {"python": 3}, "extras": {}}).encode())
 
     attempt = new_job(tmp_path, copied.uri, worker_env(s3_endpoint)).run(
-        steps=50, restore_prefix=f"{copied.run}/step-00000050")
+        steps=50, restore_prefix=f"{copied.run}/step-00000050"
+    )
     assert attempt.returncodes == [0, 0], attempt.explain()
     assert attempt.restored["step"] == 30 and attempt.restored["tier"] == "durable"
     rejected = {e["step"]: e["reason"] for e in attempt.of("checkpoint", status="rejected")}

@@ -15,18 +15,27 @@ from trainflow.backends.job_tmp import PREFIX as JOB_TMP_PREFIX
 pytestmark = pytest.mark.integration
 
 JOB = [
-    "--set", "workload.entrypoint=tests/integration/workloads/dataloader_ddp.py",
-    "--set", "workload.steps=30",
-    "--set", "checkpoint.every_steps=10",
-    "--set", "resources.nodes=1", "--set", "resources.procs_per_node=2",  # 6 batches an epoch per rank
+    "--set",
+    "workload.entrypoint=tests/integration/workloads/dataloader_ddp.py",
+    "--set",
+    "workload.steps=30",
+    "--set",
+    "checkpoint.every_steps=10",
+    "--set",
+    "resources.nodes=1",
+    "--set",
+    "resources.procs_per_node=2",  # 6 batches an epoch per rank
     "--json",
 ]
 
 
 def run(env: dict, stop_at_step: int, losses: Path) -> dict:
     args = f"workload.args=[--stop-at-step, '{stop_at_step}', --losses, '{losses}']"
-    result = run_cli(["run", "examples/digits/spec.yaml", "--set", args,
-                      "--set", f"checkpoint.uri={unique_prefix()}", *JOB], env, timeout_s=420)
+    result = run_cli(
+        ["run", "examples/digits/spec.yaml", "--set", args, "--set", f"checkpoint.uri={unique_prefix()}", *JOB],
+        env,
+        timeout_s=420,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     return summary_of(result)
 
@@ -63,9 +72,21 @@ def test_ranks_stopped_with_their_loader_workers_leave_no_temporary_files(cli_en
     """Rank 1 dies; its agent stops rank 0 and its DataLoader workers, which get no chance to remove
     what multiprocessing made in TMPDIR: the job's own temporary folder, gone with the teardown."""
     before = multiprocessing_folders()
-    result = run_cli(["run", "examples/digits/spec.yaml", "--set", "workload.args=[--die-at-step, '5']",
-                      "--set", "fault_tolerance.max_restarts=0", "--set", f"checkpoint.uri={unique_prefix()}", *JOB],
-                     cli_env, timeout_s=420)
+    result = run_cli(
+        [
+            "run",
+            "examples/digits/spec.yaml",
+            "--set",
+            "workload.args=[--die-at-step, '5']",
+            "--set",
+            "fault_tolerance.max_restarts=0",
+            "--set",
+            f"checkpoint.uri={unique_prefix()}",
+            *JOB,
+        ],
+        cli_env,
+        timeout_s=420,
+    )
     assert result.returncode == 1, result.stderr[-4000:]
     summary = summary_of(result)
     assert [a["outcome"] for a in summary["attempts"]] == ["CRASHED"], summary["attempts"]

@@ -18,7 +18,14 @@ from mlflow.tracking import MlflowClient
 from tests.conftest import ROOT
 from tests.integration.conftest import BIN, run_cli
 from tests.integration.deployments import (
-    POOL, api_call, api_json, create_flow_run, deploy_all, deployment, prefect_env, process_worker,
+    POOL,
+    api_call,
+    api_json,
+    create_flow_run,
+    deploy_all,
+    deployment,
+    prefect_env,
+    process_worker,
     wait_for_flow_run,
 )
 
@@ -56,10 +63,15 @@ def events_of(api: str, flow_run_id: str, until: str, timeout_s: float = 30) -> 
     """trainflow's events about a flow run, once `until` is among them (the server stores events in batches)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        events = api_json(api, "POST", "/events/filter", {
-            "filter": {"event": {"prefix": ["trainflow."]}, "related": {"id": [f"prefect.flow-run.{flow_run_id}"]}},
-            "limit": 50,
-        })["events"]
+        events = api_json(
+            api,
+            "POST",
+            "/events/filter",
+            {
+                "filter": {"event": {"prefix": ["trainflow."]}, "related": {"id": [f"prefect.flow-run.{flow_run_id}"]}},
+                "limit": 50,
+            },
+        )["events"]
         if any(e["event"] == until for e in events) or time.monotonic() > deadline:
             return events
         time.sleep(0.5)
@@ -77,9 +89,7 @@ def test_every_deployment_runs_this_checkout_through_the_local_pool(deployed):
         assert found["entrypoint"] == entrypoint
         assert found["work_pool_name"] == POOL
         assert found["enforce_parameter_schema"] is True
-        assert found["pull_steps"] == [
-            {"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}
-        ]
+        assert found["pull_steps"] == [{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}]
     assert api_json(api, "GET", f"/work_pools/{POOL}")["type"] == "process"
 
 
@@ -98,9 +108,22 @@ def test_the_kubernetes_pool_is_made_from_the_referenced_base_job_template(deplo
     pool = definitions["work_pools"]["kubernetes"]["name"]
     template = ROOT / definitions["base_job_templates"][pool]
     result = subprocess.run(
-        [str(BIN / "prefect"), "work-pool", "create", pool, "--type", "kubernetes", "--base-job-template",
-         str(template), "--overwrite"],
-        cwd=ROOT, env=prefect_env(deployed["api"]), capture_output=True, text=True, timeout=120,
+        [
+            str(BIN / "prefect"),
+            "work-pool",
+            "create",
+            pool,
+            "--type",
+            "kubernetes",
+            "--base-job-template",
+            str(template),
+            "--overwrite",
+        ],
+        cwd=ROOT,
+        env=prefect_env(deployed["api"]),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     created = api_json(deployed["api"], "GET", f"/work_pools/{pool}")
@@ -115,8 +138,14 @@ def test_train_parameters_are_a_typed_form_of_the_spec_sections(deployed):
     definitions = schema["definitions"]
     run_spec = definitions["RunSpec"]
     assert run_spec["description"].startswith("A training job")
-    sections = {"workload": "Workload", "resources": "Resources", "parallel": "Parallel",
-                "checkpoint": "Checkpoint", "fault_tolerance": "FaultTolerance", "tracking": "Tracking"}
+    sections = {
+        "workload": "Workload",
+        "resources": "Resources",
+        "parallel": "Parallel",
+        "checkpoint": "Checkpoint",
+        "fault_tolerance": "FaultTolerance",
+        "tracking": "Tracking",
+    }
     for field, model in sections.items():
         assert run_spec["properties"][field]["$ref"] == f"#/definitions/{model}"
         assert definitions[model]["description"], model  # the section's explanation above its fields
@@ -154,7 +183,9 @@ def test_bad_parameters_are_refused_before_a_run_exists(deployed):
     for path, bad in [(("workload", "steps"), 0), (("resources", "backend"), "mesos"), (("resources", "nodes"), "two")]:
         wrong = copy.deepcopy(spec)
         wrong[path[0]][path[1]] = bad
-        status, answer = api_call(api, "POST", f"/deployments/{train['id']}/create_flow_run", {"parameters": {"spec": wrong}})
+        status, answer = api_call(
+            api, "POST", f"/deployments/{train['id']}/create_flow_run", {"parameters": {"spec": wrong}}
+        )
         assert status == 409, (path, status, answer)
         assert ".".join(path) in answer["detail"], answer
     after = api_json(api, "POST", "/flow_runs/count", {"deployments": {"id": {"any_": [train["id"]]}}})
@@ -168,8 +199,11 @@ def train_run(deployed, tmp_path_factory):
     spec = copy.deepcopy(deployment(deployed["api"], "train")["parameters"]["spec"])
     spec.update(name="deployed")
     marker = tmp_path_factory.mktemp("fail-once") / "failed"
-    spec["workload"] = {"entrypoint": "tests/integration/workloads/fail_once.py", "steps": 30,
-                        "args": ["--fail-at-step", "15", "--marker", str(marker)]}
+    spec["workload"] = {
+        "entrypoint": "tests/integration/workloads/fail_once.py",
+        "steps": 30,
+        "args": ["--fail-at-step", "15", "--marker", str(marker)],
+    }
     spec["checkpoint"].update(every_steps=10, uri="checkpoints/deployed")
     spec["tracking"]["experiment"] = "deployments"
     flow_run = run_deployment(deployed, "train", {"spec": spec})
@@ -200,8 +234,16 @@ def test_the_run_shows_progress_a_summary_and_events_in_prefect(deployed, train_
     assert by_type["progress"]["description"] == "succeeded: attempt 2: step 30 of 30"
     summary = by_type["markdown"]
     assert summary["key"] == "deployed-summary"
-    for expected in ["| Status | succeeded at step 30 of 30 |", "| Attempt | Outcome", "| 1 | CRASHED | 2 | 0 → ",
-                     "| 2 | SUCCEEDED | 2 |", "Goodput", f"/runs/{run.info.run_id})", "## Checkpoints", "| 30 |"]:
+    for expected in [
+        "| Status | succeeded at step 30 of 30 |",
+        "| Attempt | Outcome",
+        "| 1 | CRASHED | 2 | 0 → ",
+        "| 2 | SUCCEEDED | 2 |",
+        "Goodput",
+        f"/runs/{run.info.run_id})",
+        "## Checkpoints",
+        "| 30 |",
+    ]:
         assert expected in summary["data"], (expected, summary["data"])
 
     events = events_of(api, flow_run_id, until="trainflow.run.succeeded")
@@ -210,7 +252,11 @@ def test_the_run_shows_progress_a_summary_and_events_in_prefect(deployed, train_
     committed = [e["payload"]["step"] for e in events if e["event"] == "trainflow.checkpoint.committed"]
     assert 30 in committed, committed
     failed = next(e for e in events if e["event"] == "trainflow.attempt.failed")
-    assert (failed["payload"]["attempt"], failed["payload"]["outcome"], failed["payload"]["retry"]) == (1, "CRASHED", True)
+    assert (failed["payload"]["attempt"], failed["payload"]["outcome"], failed["payload"]["retry"]) == (
+        1,
+        "CRASHED",
+        True,
+    )
     recovered = next(e for e in events if e["event"] == "trainflow.attempt.recovered")
     assert recovered["payload"]["attempt"] == 2 and recovered["payload"]["recovery_s"] > 0
     finished = next(e for e in events if e["event"] == "trainflow.run.succeeded")
@@ -244,8 +290,10 @@ def test_audit_of_a_deployment_run_names_the_deployment_and_its_events(deployed,
     flow_run_id = train_run["flow_run"]["id"]
     _, run = mlflow_run_of(deployed, flow_run_id)
     events_of(deployed["api"], flow_run_id, until="trainflow.run.succeeded")  # stored by the server by now
-    result = run_cli(["audit", run.info.run_id, "--tracking-uri", f"sqlite:///{deployed['home'] / 'mlflow.db'}", "--json"],
-                     prefect_env(deployed["api"]))
+    result = run_cli(
+        ["audit", run.info.run_id, "--tracking-uri", f"sqlite:///{deployed['home'] / 'mlflow.db'}", "--json"],
+        prefect_env(deployed["api"]),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     trail = json.loads(result.stdout.strip().splitlines()[-1])
     assert trail["origin"]["launched_via"] == "deployment" and trail["origin"]["prefect_deployment"] == "train"
@@ -262,8 +310,12 @@ def test_usage_report_deployment_publishes_the_usage_table(deployed, train_run):
     assert (schedule["schedule"]["cron"], schedule["active"]) == ("0 6 * * 1", True)
     flow_run = run_deployment(deployed, "usage-report", {"by": "experiment", "since": "1d"}, flow="usage-report")
     assert flow_run["state"]["type"] == "COMPLETED", (flow_run["state"], deployed["log"].read_text()[-4000:])
-    [artifact] = api_json(deployed["api"], "POST", "/artifacts/filter",
-                          {"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}, "type": {"any_": ["markdown"]}}})
+    [artifact] = api_json(
+        deployed["api"],
+        "POST",
+        "/artifacts/filter",
+        {"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}, "type": {"any_": ["markdown"]}}},
+    )
     assert artifact["key"] == "usage-report"
     client = MlflowClient(f"sqlite:///{deployed['home'] / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("deployments")

@@ -19,9 +19,12 @@ pytestmark = pytest.mark.integration
 SPEC = "examples/digits/spec.yaml"
 JOB = [
     "--no-compare-torchrun",
-    "--set", "workload.steps=60",
-    "--set", "checkpoint.every_steps=10",
-    "--set", "fault_tolerance.heartbeat_timeout_s=4",
+    "--set",
+    "workload.steps=60",
+    "--set",
+    "checkpoint.every_steps=10",
+    "--set",
+    "fault_tolerance.heartbeat_timeout_s=4",
 ]
 can_make_hosts = os.geteuid() == 0 and shutil.which("ip") is not None
 
@@ -122,11 +125,25 @@ def test_storage_outage_is_survived(drill_env):
 @pytest.mark.timeout(900)
 def test_a_32_rank_job_on_two_cores_resumes_exactly_after_a_crash(drill_env):
     # 4 nodes x 8 ranks of a tiny model: 4x the ranks per core the capacity check allows unasked
-    job = ["--set", "resources.nodes=4", "--set", "resources.procs_per_node=8",
-           "--set", "resources.oversubscribe=true", "--set", 'workload.args=["--hidden","8"]',
-           "--set", "workload.steps=8", "--set", "checkpoint.every_steps=3"]
-    result = run_cli(["drill", SPEC, "--fault", "crash", "--at-step", "5", "--no-compare-torchrun", *job, "--json"],
-                     drill_env, timeout_s=600)
+    job = [
+        "--set",
+        "resources.nodes=4",
+        "--set",
+        "resources.procs_per_node=8",
+        "--set",
+        "resources.oversubscribe=true",
+        "--set",
+        'workload.args=["--hidden","8"]',
+        "--set",
+        "workload.steps=8",
+        "--set",
+        "checkpoint.every_steps=3",
+    ]
+    result = run_cli(
+        ["drill", SPEC, "--fault", "crash", "--at-step", "5", "--no-compare-torchrun", *job, "--json"],
+        drill_env,
+        timeout_s=600,
+    )
     report = summary_of(result)
     assert report["outcomes"] == ["CRASHED", "SUCCEEDED"], json.dumps(report, default=str)[:4000]
     assert report["resumed_from_step"] >= 3 and report["final_step"] == 8
@@ -140,8 +157,14 @@ def test_drill_refuses_impossible_plans(drill_env):
     assert result.returncode == 2 and "--node 5" in result.stderr
     result = run_cli(["drill", SPEC, "--fault", "storage-outage", *JOB], drill_env, timeout_s=60)
     assert result.returncode == 2 and "s3://" in result.stderr
-    on_pods = ["--set", "resources.backend=kubernetes", "--set", "kubernetes.image=registry.example/trainflow:1",
-               "--set", "checkpoint.uri=s3://bucket/refused"]
+    on_pods = [
+        "--set",
+        "resources.backend=kubernetes",
+        "--set",
+        "kubernetes.image=registry.example/trainflow:1",
+        "--set",
+        "checkpoint.uri=s3://bucket/refused",
+    ]
     result = run_cli(["drill", SPEC, "--fault", "kill", *JOB, *on_pods], drill_env, timeout_s=60)
     assert result.returncode == 2
     assert "--fault kill: the kubernetes backend cannot signal a rank's process" in result.stderr

@@ -7,25 +7,47 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.integration.conftest import (
-    BUCKET, job_processes, run_cli, summary_of, trainflow_processes, unique_prefix,
+    BUCKET,
+    job_processes,
+    run_cli,
+    summary_of,
+    trainflow_processes,
+    unique_prefix,
 )
 
 pytestmark = pytest.mark.integration
 
 SPEC = "examples/digits/spec.yaml"
 EXITING = [
-    "--set", "workload.entrypoint=tests/integration/workloads/exit_at_step.py",
-    "--set", "workload.args=[--exit-at-step, '7', --exit-rank, '1', --exit-code, '3']",
-    "--set", "workload.steps=20",
-    "--set", "checkpoint.every_steps=5",
+    "--set",
+    "workload.entrypoint=tests/integration/workloads/exit_at_step.py",
+    "--set",
+    "workload.args=[--exit-at-step, '7', --exit-rank, '1', --exit-code, '3']",
+    "--set",
+    "workload.steps=20",
+    "--set",
+    "checkpoint.every_steps=5",
 ]
 
 
 def test_worker_exiting_nonzero_fails_the_run_and_releases_everything(cli_env, s3):
     uri = unique_prefix()
     # without warm workers: every node's agent and ranks are interpreters of their own
-    result = run_cli(["run", SPEC, *EXITING, "--set", "fault_tolerance.max_restarts=0",
-                      "--set", "resources.warm_workers=false", "--set", f"checkpoint.uri={uri}", "--json"], cli_env)
+    result = run_cli(
+        [
+            "run",
+            SPEC,
+            *EXITING,
+            "--set",
+            "fault_tolerance.max_restarts=0",
+            "--set",
+            "resources.warm_workers=false",
+            "--set",
+            f"checkpoint.uri={uri}",
+            "--json",
+        ],
+        cli_env,
+    )
     assert result.returncode == 1, result.stderr[-4000:]
     assert "2 node(s) started (0 warm)" in result.stdout + result.stderr
     summary = summary_of(result)
@@ -46,8 +68,10 @@ def test_crash_is_retried_from_the_last_committed_checkpoint(cli_env):
     uri = unique_prefix()
     # every attempt exits at step 7 of its own: the first from 0, the second resumes from 5 and
     # crashes at 7 again, which is a crash loop and stops the run
-    result = run_cli(["run", SPEC, *EXITING, "--set", "fault_tolerance.max_restarts=3",
-                      "--set", f"checkpoint.uri={uri}", "--json"], cli_env)
+    result = run_cli(
+        ["run", SPEC, *EXITING, "--set", "fault_tolerance.max_restarts=3", "--set", f"checkpoint.uri={uri}", "--json"],
+        cli_env,
+    )
     assert result.returncode == 1, result.stderr[-4000:]
     summary = summary_of(result)
     attempts = summary["attempts"]
@@ -62,7 +86,8 @@ def test_crash_is_retried_from_the_last_committed_checkpoint(cli_env):
     # a training experiment: MLflow 3's UI opens it on its runs
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     children = client.search_runs(
-        [experiment.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'",
+        [experiment.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'",
     )
     assert sorted(c.data.tags["outcome"] for c in children) == ["CRASHED", "CRASHED"]
     first = next(c for c in children if c.data.tags["attempt"] == "1")

@@ -21,8 +21,8 @@ from tests.integration.conftest import BUCKET, unique_prefix
 from tests.integration.test_checkpoint_engine import ThrottledProxy, key_prefix, new_job, worker_env
 from trainflow.backends import Allocation, AttemptHandle
 from trainflow.backends.local.launcher import LocalLauncher
-from trainflow.drills.chaos import FaultKind, FaultPlan, Injection
 from trainflow.checkpoint.manifest import MANIFEST_NAME, Manifest
+from trainflow.drills.chaos import FaultKind, FaultPlan, Injection
 from trainflow.drills.drill import last_finished_save
 from trainflow.worker_config import fault_gate_path, gate_arrival_path
 
@@ -58,8 +58,14 @@ def test_a_gated_fault_waits_for_the_save_before_the_faults_step(tmp_path, s3, s
     store = HeldStore(urlparse(s3_endpoint).port)
     uri = unique_prefix()
     # every checkpoint goes to the store only, so "committed" means its manifest is in the bucket
-    job = new_job(tmp_path, uri, worker_env(f"http://127.0.0.1:{store.port}"), local_tier=False,
-                  every_steps=EVERY, pause_at_step=FAULT_STEP)
+    job = new_job(
+        tmp_path,
+        uri,
+        worker_env(f"http://127.0.0.1:{store.port}"),
+        local_tier=False,
+        every_steps=EVERY,
+        pause_at_step=FAULT_STEP,
+    )
     manifest_key = f"{key_prefix(uri)}/{job.run_id}/step-{FAULT_STEP - EVERY:08d}/{MANIFEST_NAME}"
     gate = fault_gate_path(tmp_path / job.run_id, 1)
     seen: dict = {}
@@ -80,8 +86,9 @@ def test_a_gated_fault_waits_for_the_save_before_the_faults_step(tmp_path, s3, s
         allocation = Allocation(run_id=job.run_id, backend="local", nodes=2, scratch=tmp_path / job.run_id)
         plan = FaultPlan(kind=FaultKind.crash, at_step=FAULT_STEP, rank=1)
         try:
-            seen["injection"] = chaos.inject(plan, LocalLauncher(), handle, channel, allocation, uri,
-                                              world_size=2, timeout_s=180)
+            seen["injection"] = chaos.inject(
+                plan, LocalLauncher(), handle, channel, allocation, uri, world_size=2, timeout_s=180
+            )
             seen["manifest"] = committed(s3, manifest_key)
         finally:
             store.release()  # whatever happened, let the workers' requests through so they can end

@@ -12,15 +12,28 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.integration.conftest import (
-    BUCKET, job_processes, run_cli, s3_environment, summary_of, unique_prefix,
+    BUCKET,
+    job_processes,
+    run_cli,
+    s3_environment,
+    summary_of,
+    unique_prefix,
 )
 
 pytestmark = pytest.mark.integration
 
 SPEC = "examples/digits/spec.yaml"
 # every checkpoint also a snapshot (by default at most one a minute goes to S3), so retention shows there
-STEPS = ["--set", "workload.steps=40", "--set", "checkpoint.every_steps=10", "--set", "checkpoint.keep_last=3",
-         "--set", "checkpoint.snapshot_every_s=0"]
+STEPS = [
+    "--set",
+    "workload.steps=40",
+    "--set",
+    "checkpoint.every_steps=10",
+    "--set",
+    "checkpoint.keep_last=3",
+    "--set",
+    "checkpoint.snapshot_every_s=0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +121,19 @@ def test_each_stage_is_a_prefect_task_run(first_run, prefect_api):
     with urllib.request.urlopen(request) as response:
         task_runs = json.loads(response.read())
     names = {t["name"] for t in task_runs}  # each named after its stage, and its attempt or step where it repeats
-    for stage in ["validate-spec", "start-tracking", "wait-for-quota", "provision", "prepare-image", "launch-attempt-1",
-                  "watch-attempt-1", "release-attempt-1", "classify-attempt-1", "finalize", "teardown"]:
+    for stage in [
+        "validate-spec",
+        "start-tracking",
+        "wait-for-quota",
+        "provision",
+        "prepare-image",
+        "launch-attempt-1",
+        "watch-attempt-1",
+        "release-attempt-1",
+        "classify-attempt-1",
+        "finalize",
+        "teardown",
+    ]:
         assert stage in names, (stage, names)
     assert any(name.startswith("snapshot-step-") for name in names), names
     assert all(t["state"]["type"] == "COMPLETED" for t in task_runs)
@@ -131,8 +155,17 @@ def test_every_node_starts_warm(first_run):
 def test_resume_continues_from_last_committed_step_and_matches_an_uninterrupted_run(first_run, tmp_path):
     env = first_run["env"]
     resumed = run_cli(
-        ["run", SPEC, *STEPS, "--set", "workload.steps=60", "--set", f"checkpoint.uri={first_run['uri']}",
-         "--resume", "--json"],
+        [
+            "run",
+            SPEC,
+            *STEPS,
+            "--set",
+            "workload.steps=60",
+            "--set",
+            f"checkpoint.uri={first_run['uri']}",
+            "--resume",
+            "--json",
+        ],
         env,
     )
     assert resumed.returncode == 0, resumed.stderr[-4000:]
@@ -152,12 +185,26 @@ def test_resume_continues_from_last_committed_step_and_matches_an_uninterrupted_
 
 
 def test_resume_from_past_the_specs_last_step_is_bad_input(first_run):
-    resumed = run_cli(["run", SPEC, *STEPS, "--set", "workload.steps=10", "--set", f"checkpoint.uri={first_run['uri']}",
-                       "--resume", "--json"], first_run["env"])
+    resumed = run_cli(
+        [
+            "run",
+            SPEC,
+            *STEPS,
+            "--set",
+            "workload.steps=10",
+            "--set",
+            f"checkpoint.uri={first_run['uri']}",
+            "--resume",
+            "--json",
+        ],
+        first_run["env"],
+    )
     assert resumed.returncode == 2, resumed.stderr[-4000:]
     lines = resumed.stderr.strip().splitlines()
     # step 40 of the first run, or 60 once the resume test has run
-    assert len(lines) == 1 and re.search(r"workload.steps: 10, but --resume would continue from step [46]0 ", lines[0]), lines
+    assert len(lines) == 1 and re.search(
+        r"workload.steps: 10, but --resume would continue from step [46]0 ", lines[0]
+    ), lines
 
 
 def test_the_closing_summary_links_the_flow_run_in_the_prefect_ui(first_run, prefect_api):

@@ -29,9 +29,13 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def drilled(finished_runs: FinishedRuns) -> dict:
     """The faulted run (a worker crash, resumed) and its fault-free rerun, as a fault drill reports them."""
     faulted, baseline = finished_runs.original, finished_runs.rerun
-    report = {"mlflow_run_id": faulted["mlflow_run_id"], "baseline_mlflow_run_id": baseline["mlflow_run_id"],
-              "prefect_flow_run_id": faulted["prefect_flow_run_id"], "goodput": faulted["goodput"],
-              "outcomes": [a["outcome"] for a in faulted["attempts"] + baseline["attempts"]]}
+    report = {
+        "mlflow_run_id": faulted["mlflow_run_id"],
+        "baseline_mlflow_run_id": baseline["mlflow_run_id"],
+        "prefect_flow_run_id": faulted["prefect_flow_run_id"],
+        "goodput": faulted["goodput"],
+        "outcomes": [a["outcome"] for a in faulted["attempts"] + baseline["attempts"]],
+    }
     return {"report": report, "tracking_uri": finished_runs.tracking_uri, "api": finished_runs.api}
 
 
@@ -55,8 +59,14 @@ def test_each_finished_run_has_its_pictures_in_mlflow(drilled, tmp_path):
 def test_prefect_summary_artifact_shows_the_pictures(drilled):
     request = urllib.request.Request(
         f"{drilled['api']}/artifacts/filter",
-        data=json.dumps({"artifacts": {"flow_run_id": {"any_": [drilled["report"]["prefect_flow_run_id"]]},
-                                       "type": {"any_": ["markdown"]}}}).encode(),
+        data=json.dumps(
+            {
+                "artifacts": {
+                    "flow_run_id": {"any_": [drilled["report"]["prefect_flow_run_id"]]},
+                    "type": {"any_": ["markdown"]},
+                }
+            }
+        ).encode(),
         headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request) as response:
@@ -80,8 +90,9 @@ def test_notebook_lists_compares_and_draws_the_runs(drilled, monkeypatch):
     monkeypatch.setenv("TRAINFLOW_EXPERIMENT", EXPERIMENT)
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     # python3 is the venv's kernel: ipykernel is installed there and jupyter_client starts this interpreter
-    NotebookClient(notebook, timeout=180, kernel_name="python3",
-                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()  # raises on a failed cell
+    NotebookClient(
+        notebook, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+    ).execute()  # raises on a failed cell
 
     outputs = [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
@@ -100,8 +111,11 @@ def test_notebook_lists_compares_and_draws_the_runs(drilled, monkeypatch):
 
 
 def prefect_get(api: str, path: str, body: dict | None = None):
-    request = urllib.request.Request(f"{api}{path}", data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{api}{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request) as response:
         return json.loads(response.read())
 
@@ -120,8 +134,11 @@ def test_every_figure_of_the_faulted_run_agrees_to_the_printed_digit(drilled, tm
     summary = json.loads(Path(client.download_artifacts(run_id, "summary.json", str(tmp_path))).read_text())
     figures = summary["costs"]
     # the summary's figures are the run's metrics under summary/, after the step series in MLflow's UI
-    metrics = {k.removeprefix("summary/"): v for k, v in client.get_run(run_id).data.metrics.items()
-               if k.startswith("summary/")}
+    metrics = {
+        k.removeprefix("summary/"): v
+        for k, v in client.get_run(run_id).data.metrics.items()
+        if k.startswith("summary/")
+    }
     assert [a["outcome"] for a in summary["attempts"]][-1] == "SUCCEEDED" and len(summary["attempts"]) == 2
     assert summary["goodput"] == figures["goodput"] == metrics["goodput"] == report["goodput"]
     for key, value in figures.items():  # every figure of the ledger is the run's metric summary/<name>
@@ -135,10 +152,15 @@ def test_every_figure_of_the_faulted_run_agrees_to_the_printed_digit(drilled, tm
     assert f"{seconds(metrics['productive_s'])}  ({goodput})" in texts  # the productive bar: the goodput again
     stall_share = percent(metrics["checkpoint_stall_total_s"] / metrics["wall_s"])
     assert f"{seconds(metrics['checkpoint_stall_total_s'])}  ({stall_share})" in texts
-    assert f"{seconds(metrics['recovery_s_total'])}  ({percent(metrics['recovery_s_total'] / metrics['wall_s'])})" in texts
+    assert (
+        f"{seconds(metrics['recovery_s_total'])}  ({percent(metrics['recovery_s_total'] / metrics['wall_s'])})" in texts
+    )
 
-    [artifact] = prefect_get(drilled["api"], "/artifacts/filter", {
-        "artifacts": {"flow_run_id": {"any_": [report["prefect_flow_run_id"]]}, "type": {"any_": ["markdown"]}}})
+    [artifact] = prefect_get(
+        drilled["api"],
+        "/artifacts/filter",
+        {"artifacts": {"flow_run_id": {"any_": [report["prefect_flow_run_id"]]}, "type": {"any_": ["markdown"]}}},
+    )
     markdown = artifact["data"]
     assert f"![{title}](data:image/png;base64," in markdown  # the logged picture, titled as drawn here
     assert picture_titles(summary)["goodput.png"] == title
@@ -149,10 +171,13 @@ def test_every_figure_of_the_faulted_run_agrees_to_the_printed_digit(drilled, tm
 
     diagnosis = Path(client.download_artifacts(run_id, "diagnosis.md", str(tmp_path))).read_text()
     assert diagnosis.splitlines() == [f"- {finding}" for finding in summary["diagnosis"]] or (
-        not summary["diagnosis"] and diagnosis == "- nothing to report")
+        not summary["diagnosis"] and diagnosis == "- nothing to report"
+    )
     stall_findings = [f for f in summary["diagnosis"] if f.startswith("checkpoints stall")]
     if metrics["checkpoint_share"] > 0.05:
-        assert stall_findings == [f"checkpoints stall training for {stalls} (> 5.0%): save less often or asynchronously"]
+        assert stall_findings == [
+            f"checkpoints stall training for {stalls} (> 5.0%): save less often or asynchronously"
+        ]
     else:
         assert not stall_findings
 

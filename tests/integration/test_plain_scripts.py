@@ -5,10 +5,9 @@ copies to the checkpoint store and restores on every node, also after the node's
 
 from __future__ import annotations
 
-import pytest
-
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.integration.conftest import job_processes, run_cli, summary_of, unique_prefix
@@ -19,16 +18,32 @@ pytestmark = pytest.mark.integration
 
 SPEC = "examples/digits/spec.yaml"
 PLAIN = [
-    "--set", "workload.entrypoint=tests/integration/workloads/plain_nanogpt.py",
-    "--set", "workload.mode=plain",
-    "--set", "fault_tolerance.plain_startup_window_s=1",
+    "--set",
+    "workload.entrypoint=tests/integration/workloads/plain_nanogpt.py",
+    "--set",
+    "workload.mode=plain",
+    "--set",
+    "fault_tolerance.plain_startup_window_s=1",
 ]
 
 
 def plain_args(out_dir, marker, *extra: str) -> list[str]:
     # past the start-up window by construction: the failing rank waits until its process is 2 s old
-    args = ["--out_dir", str(out_dir), "--max_iters", "60", "--ckpt_every", "10", "--fail-once", str(marker),
-            "--fail-at-iter", "30", "--fail-not-before-s", "2", *extra]
+    args = [
+        "--out_dir",
+        str(out_dir),
+        "--max_iters",
+        "60",
+        "--ckpt_every",
+        "10",
+        "--fail-once",
+        str(marker),
+        "--fail-at-iter",
+        "30",
+        "--fail-not-before-s",
+        "2",
+        *extra,
+    ]
     return ["--set", "workload.args=[" + ", ".join(f"'{a}'" for a in args) + "]"]
 
 
@@ -53,8 +68,14 @@ def test_a_plain_rank_killed_by_a_signal_is_killed_and_the_signal_named(cli_env,
 
 
 def own_checkpoints(out_dir, store: str) -> list[str]:
-    return ["--set", f"workload.plain.checkpoint_dir={out_dir}", "--set", "workload.plain.resume_args=[--init_from=resume]",
-            "--set", f"checkpoint.uri={store}"]
+    return [
+        "--set",
+        f"workload.plain.checkpoint_dir={out_dir}",
+        "--set",
+        "workload.plain.resume_args=[--init_from=resume]",
+        "--set",
+        f"checkpoint.uri={store}",
+    ]
 
 
 def checkpoint_at(storage, prefix: str, tmp_path) -> dict:
@@ -63,12 +84,16 @@ def checkpoint_at(storage, prefix: str, tmp_path) -> dict:
     return torch.load(local, weights_only=True)
 
 
-@pytest.mark.parametrize("store, failure", [
-    ("local", ["--remove-out"]),  # the node's folder is gone: only the copy in the store is left
-    ("s3", ["--fail-signal", "SIGKILL"]),
-])
-def test_a_plain_script_resumes_from_its_own_checkpoint_copied_to_the_store(cli_env, tmp_path, monkeypatch, store,
-                                                                            failure):
+@pytest.mark.parametrize(
+    "store, failure",
+    [
+        ("local", ["--remove-out"]),  # the node's folder is gone: only the copy in the store is left
+        ("s3", ["--fail-signal", "SIGKILL"]),
+    ],
+)
+def test_a_plain_script_resumes_from_its_own_checkpoint_copied_to_the_store(
+    cli_env, tmp_path, monkeypatch, store, failure
+):
     for name in ("AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
         monkeypatch.setenv(name, cli_env[name])  # this test reads the store too
     uri = str(tmp_path / "store") if store == "local" else unique_prefix()
@@ -94,16 +119,36 @@ def test_a_plain_script_resumes_from_its_own_checkpoint_copied_to_the_store(cli_
     assert job_processes(summary["run_id"]) == []
 
 
-@pytest.mark.parametrize(("fault", "detected"), [
-    ("kill", "KILLED"), ("corrupt-checkpoint", "KILLED"), ("preempt", "PREEMPTED"),
-])
+@pytest.mark.parametrize(
+    ("fault", "detected"),
+    [
+        ("kill", "KILLED"),
+        ("corrupt-checkpoint", "KILLED"),
+        ("preempt", "PREEMPTED"),
+    ],
+)
 def test_a_drill_at_a_time_on_a_plain_script_passes(cli_env, tmp_path, fault, detected):
     # 400 iterations of at least 50 ms: the job runs well past the fault's time, whatever the load
     out = tmp_path / "out"
     args = ["--out_dir", str(out), "--max_iters", "400", "--ckpt_every", "40", "--iter_sleep_s", "0.05"]
-    result = run_cli(["drill", SPEC, "--fault", fault, "--at-s", "6", "--no-compare-torchrun", *PLAIN,
-                      "--set", "workload.args=[" + ", ".join(f"'{a}'" for a in args) + "]",
-                      *own_checkpoints(out, str(tmp_path / "store")), "--json"], cli_env, timeout_s=400)
+    result = run_cli(
+        [
+            "drill",
+            SPEC,
+            "--fault",
+            fault,
+            "--at-s",
+            "6",
+            "--no-compare-torchrun",
+            *PLAIN,
+            "--set",
+            "workload.args=[" + ", ".join(f"'{a}'" for a in args) + "]",
+            *own_checkpoints(out, str(tmp_path / "store")),
+            "--json",
+        ],
+        cli_env,
+        timeout_s=400,
+    )
     report = summary_of(result)
     assert report["outcomes"] == [detected, "SUCCEEDED"], report
     assert report["injected"] is True and report["injected_at_s"] >= 6, report
@@ -112,10 +157,13 @@ def test_a_drill_at_a_time_on_a_plain_script_passes(cli_env, tmp_path, fault, de
     assert report["broken_rules"] == [] and report["passed"] is True and result.returncode == 0, report
 
 
-@pytest.mark.parametrize(("drill", "refusal"), [
-    (["--fault", "hang", "--at-s", "5"], "--fault hang: a plain script reports no progress"),
-    (["--fault", "crash", "--at-step", "30"], "--at-s: a plain script reports no steps"),
-])
+@pytest.mark.parametrize(
+    ("drill", "refusal"),
+    [
+        (["--fault", "hang", "--at-s", "5"], "--fault hang: a plain script reports no progress"),
+        (["--fault", "crash", "--at-step", "30"], "--at-s: a plain script reports no steps"),
+    ],
+)
 def test_a_drill_that_cannot_apply_to_a_plain_script_is_refused_before_anything_runs(cli_env, drill, refusal):
     result = run_cli(["drill", SPEC, *drill, *PLAIN], cli_env, timeout_s=120)
     assert result.returncode == 2, result.stderr[-2000:]

@@ -70,15 +70,25 @@ def test_workers_never_use_a_temporary_folder_another_user_made(tmp_path, monkey
     monkeypatch.chdir(ROOT)
     run_id = f"private-{os.getpid()}-{'warm' if warm else 'cold'}"
     planted = nobodys_folders(run_id)
-    spec = load_spec(ROOT / "examples/digits/spec.yaml", [
-        f"workload.entrypoint={PROBE}", "workload.mode=plain", "workload.args=[]", f"resources.warm_workers={str(warm).lower()}",
-    ])
+    spec = load_spec(
+        ROOT / "examples/digits/spec.yaml",
+        [
+            f"workload.entrypoint={PROBE}",
+            "workload.mode=plain",
+            "workload.args=[]",
+            f"resources.warm_workers={str(warm).lower()}",
+        ],
+    )
     launcher = LocalLauncher()
     allocation = launcher.provision(spec, run_id, runs_root() / run_id)
     try:
-        handle = launcher.launch(spec, allocation, AttemptPlan(attempt=1, status_address="127.0.0.1:9",
-                                                               status_token="t", code_version="test",
-                                                               restore_prefix=None))
+        handle = launcher.launch(
+            spec,
+            allocation,
+            AttemptPlan(
+                attempt=1, status_address="127.0.0.1:9", status_token="t", code_version="test", restore_prefix=None
+            ),
+        )
         deadline = time.monotonic() + 240
         while any(e.returncode is None for e in launcher.poll(handle)):
             assert time.monotonic() < deadline, "the probe did not finish"

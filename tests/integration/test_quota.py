@@ -54,8 +54,14 @@ def held_on_server(api: str, team: str) -> int:
 def start_run(cli_env: dict, log_dir: Path, name: str, *args: str) -> subprocess.Popen:
     """`trainflow run --json` in the background, its output to log_dir/name.{out,err}."""
     with open(log_dir / f"{name}.out", "wb") as out, open(log_dir / f"{name}.err", "wb") as err:
-        proc = subprocess.Popen([str(BIN / "trainflow"), "run", SPEC, *args, "--json"], env=cli_env, cwd=ROOT,
-                                stdout=out, stderr=err, start_new_session=True)
+        proc = subprocess.Popen(
+            [str(BIN / "trainflow"), "run", SPEC, *args, "--json"],
+            env=cli_env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
     proc.log_dir, proc.name = log_dir, name
     return proc
 
@@ -64,10 +70,14 @@ def paused_args(gate: Path) -> list[str]:
     """A run that stops at PAUSE_AT_STEP, holding its quota, until `gate/release` exists."""
     gate.mkdir(parents=True, exist_ok=True)
     return [
-        "--set", "workload.entrypoint=tests/integration/workloads/pause_until_released.py",
-        "--set", f"workload.args=[--pause-at-step, '{PAUSE_AT_STEP}', --paused, '{gate / 'paused'}', "
-                 f"--release, '{gate / 'release'}']",
-        "--set", "fault_tolerance.hang_timeout_s=900", *SHORT,
+        "--set",
+        "workload.entrypoint=tests/integration/workloads/pause_until_released.py",
+        "--set",
+        f"workload.args=[--pause-at-step, '{PAUSE_AT_STEP}', --paused, '{gate / 'paused'}', "
+        f"--release, '{gate / 'release'}']",
+        "--set",
+        "fault_tolerance.hang_timeout_s=900",
+        *SHORT,
     ]
 
 
@@ -86,8 +96,9 @@ def stderr_of(proc: subprocess.Popen) -> str:
 
 def finished(proc: subprocess.Popen) -> tuple[int, dict | None, str]:
     code = proc.wait(DEADLINE_S)
-    result = subprocess.CompletedProcess(proc.args, code, (proc.log_dir / f"{proc.name}.out").read_text(),
-                                         stderr_of(proc))
+    result = subprocess.CompletedProcess(
+        proc.args, code, (proc.log_dir / f"{proc.name}.out").read_text(), stderr_of(proc)
+    )
     return code, summary_of(result) if code in (0, 1) else None, result.stdout + result.stderr
 
 
@@ -112,18 +123,28 @@ def test_quota_set_list_delete_and_bad_input(cli_env):
     team = team_name("cli")
     assert run_cli(["quota", "set", team, "--devices", "3"], cli_env).returncode == 0
     rows = json.loads(run_cli(["quota", "list", "--json"], cli_env).stdout)
-    assert {"team": team, "limit": f"trainflow-team-{team}", "devices": 3, "held": 0, "stale": 0, "active": True} in rows
+    assert {
+        "team": team,
+        "limit": f"trainflow-team-{team}",
+        "devices": 3,
+        "held": 0,
+        "stale": 0,
+        "active": True,
+    } in rows
     assert run_cli(["quota", "set", team, "--devices", "5"], cli_env).returncode == 0
     assert f"trainflow-team-{team}" in run_cli(["quota", "list"], cli_env).stdout
     assert held(cli_env, team) == 0
     too_big = run_cli(["run", SPEC, *team_args(team), "--set", "resources.nodes=6"], cli_env)
     assert too_big.returncode == 2
     assert too_big.stderr.strip().splitlines()[-1].startswith("trainflow: resources: the run needs 6 devices")
-    too_big_drill = run_cli(["drill", SPEC, "--fault", "crash", *team_args(team), "--set", "resources.nodes=6"], cli_env)
+    too_big_drill = run_cli(
+        ["drill", SPEC, "--fault", "crash", *team_args(team), "--set", "resources.nodes=6"], cli_env
+    )
     assert too_big_drill.returncode == 2, too_big_drill.stderr[-2000:]
     assert too_big_drill.stderr.strip().splitlines()[-1].startswith("trainflow: resources: the run needs 6 devices")
-    too_big_soak = run_cli(["soak", SPEC, "--faults", "1", "--kinds", "crash", *team_args(team),
-                            "--set", "resources.nodes=6"], cli_env)
+    too_big_soak = run_cli(
+        ["soak", SPEC, "--faults", "1", "--kinds", "crash", *team_args(team), "--set", "resources.nodes=6"], cli_env
+    )
     assert too_big_soak.returncode == 2, too_big_soak.stderr[-2000:]
     assert too_big_soak.stderr.strip().splitlines()[-1].startswith("trainflow: resources: the run needs 6 devices")
     assert run_cli(["quota", "delete", team], cli_env).returncode == 0
@@ -148,8 +169,11 @@ def test_a_teams_runs_queue_for_its_quota_while_another_team_runs(cli_env, prefe
     third = start_run(cli_env, tmp_path, "third", *team_args(vision), *SHORT)
     kill_on_exit += [second, third]
     for queued in (second, third):
-        wait_until(lambda queued=queued: f"queued for quota trainflow-team-{vision}" in stderr_of(queued),
-                   f"{queued.name} queued", [first, queued])
+        wait_until(
+            lambda queued=queued: f"queued for quota trainflow-team-{vision}" in stderr_of(queued),
+            f"{queued.name} queued",
+            [first, queued],
+        )
 
     # the other team runs to the end while all of vision's devices are held
     other = run_cli(["run", SPEC, *team_args(speech), *SHORT, "--json"], cli_env, timeout_s=DEADLINE_S)
@@ -172,8 +196,7 @@ def test_a_teams_runs_queue_for_its_quota_while_another_team_runs(cli_env, prefe
         assert metric["quota_wait_s"] > 0
 
     # one at a time: each run took the devices only after the one before gave them back
-    spans = sorted(quota_task_times(prefect_api, summary["prefect_flow_run_id"])
-                   for _, summary, _ in results.values())
+    spans = sorted(quota_task_times(prefect_api, summary["prefect_flow_run_id"]) for _, summary, _ in results.values())
     for (_, released), (acquired, _) in zip(spans, spans[1:]):
         assert acquired >= released, spans
     assert held(cli_env, vision) == 0 and held(cli_env, speech) == 0
@@ -193,8 +216,11 @@ def test_slots_come_back_after_failure_sigterm_and_a_dead_orchestrator(cli_env, 
     assert held_on_server(prefect_api, team) == 4
     queued = start_run(cli_env, tmp_path, "queued", *team_args(team), *SHORT)
     kill_on_exit.append(queued)
-    wait_until(lambda: f"queued for quota trainflow-team-{team}: needs 2 devices, 4/4 held" in stderr_of(queued),
-               "the queued run", [queued])
+    wait_until(
+        lambda: f"queued for quota trainflow-team-{team}: needs 2 devices, 4/4 held" in stderr_of(queued),
+        "the queued run",
+        [queued],
+    )
     for proc in (queued, stopped):  # SIGTERM: what a Prefect worker sends a flow run it cancels
         os.killpg(proc.pid, signal.SIGTERM)
         assert proc.wait(DEADLINE_S) == 128 + signal.SIGTERM
@@ -205,10 +231,23 @@ def test_slots_come_back_after_failure_sigterm_and_a_dead_orchestrator(cli_env, 
     assert held_on_server(prefect_api, team) == 2
     assert run_cli(["quota", "set", team, "--devices", "2"], cli_env).returncode == 0  # the next run needs them
     # the next run takes the dead run's devices back, then fails: its own come back too
-    failed = run_cli(["run", SPEC, *team_args(team), *SHORT, "--json",
-                      "--set", "workload.entrypoint=tests/integration/workloads/exit_at_step.py",
-                      "--set", "workload.args=[--exit-at-step, '3']", "--set", "fault_tolerance.max_restarts=0"],
-                     cli_env, timeout_s=DEADLINE_S)
+    failed = run_cli(
+        [
+            "run",
+            SPEC,
+            *team_args(team),
+            *SHORT,
+            "--json",
+            "--set",
+            "workload.entrypoint=tests/integration/workloads/exit_at_step.py",
+            "--set",
+            "workload.args=[--exit-at-step, '3']",
+            "--set",
+            "fault_tolerance.max_restarts=0",
+        ],
+        cli_env,
+        timeout_s=DEADLINE_S,
+    )
     assert failed.returncode == 1 and summary_of(failed)["status"] == "failed", failed.stderr[-3000:]
     assert f"quota trainflow-team-{team}: gave back 2 devices of run" in failed.stderr
     assert "queued for quota" not in failed.stderr
@@ -220,16 +259,28 @@ def test_slots_come_back_after_failure_sigterm_and_a_dead_orchestrator(cli_env, 
 def own_prefect_server(tmp_path):
     """A Prefect server of this test alone (the session's is shared), which the test may kill and start again."""
     home, port = tmp_path / "prefect-home", free_port()
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_SERVER_API_HOST": "127.0.0.1", "PREFECT_SERVER_API_PORT": str(port)}
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_API_HOST": "127.0.0.1",
+        "PREFECT_SERVER_API_PORT": str(port),
+    }
     env.pop("PREFECT_API_URL", None)
     api = f"http://127.0.0.1:{port}/api"
     home.mkdir()
     servers: list[subprocess.Popen] = []
 
     def start() -> subprocess.Popen:
-        servers.append(start_server([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                                    env, home / f"server-{len(servers)}.log", f"{api}/health", timeout_s=DEADLINE_S))
+        servers.append(
+            start_server(
+                [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                env,
+                home / f"server-{len(servers)}.log",
+                f"{api}/health",
+                timeout_s=DEADLINE_S,
+            )
+        )
         return servers[-1]
 
     start()
@@ -266,8 +317,12 @@ def test_quota_shows_and_repairs_devices_held_by_runs_that_no_longer_exist(cli_e
     team = team_name("stale")
     assert run_cli(["quota", "set", team, "--devices", "4"], env).returncode == 0
     # slots taken without a lease, as a server that lost its leases in a restart still counts them
-    api_json(api, "POST", "/v2/concurrency_limits/increment",
-             {"names": [f"trainflow-team-{team}"], "slots": 3, "mode": "concurrency"})
+    api_json(
+        api,
+        "POST",
+        "/v2/concurrency_limits/increment",
+        {"names": [f"trainflow-team-{team}"], "slots": 3, "mode": "concurrency"},
+    )
     listed = run_cli(["quota", "list"], env)
     assert listed.returncode == 0 and "held by runs that no longer exist" in listed.stdout, listed.stdout
     rows = json.loads(run_cli(["quota", "list", "--json"], env).stdout)

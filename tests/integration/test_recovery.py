@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
@@ -20,11 +19,21 @@ SPEC = "examples/digits/spec.yaml"
 
 def test_diverged_replicas_end_the_attempt_and_resume_from_the_last_checkpoint(cli_env):
     result = run_cli(
-        ["run", SPEC,
-         "--set", "workload.entrypoint=tests/integration/workloads/diverge_once.py",
-         "--set", "workload.args=[--at-step, '25']",
-         "--set", "workload.steps=40", "--set", "checkpoint.every_steps=10",
-         "--set", "fault_tolerance.divergence_check_every_steps=10", "--json"],
+        [
+            "run",
+            SPEC,
+            "--set",
+            "workload.entrypoint=tests/integration/workloads/diverge_once.py",
+            "--set",
+            "workload.args=[--at-step, '25']",
+            "--set",
+            "workload.steps=40",
+            "--set",
+            "checkpoint.every_steps=10",
+            "--set",
+            "fault_tolerance.divergence_check_every_steps=10",
+            "--json",
+        ],
         cli_env,
     )
     assert result.returncode == 0, result.stderr[-4000:]
@@ -36,10 +45,19 @@ def test_diverged_replicas_end_the_attempt_and_resume_from_the_last_checkpoint(c
 
 
 def test_orchestrator_crash_leaves_no_orphans_and_resume_continues(cli_env, tmp_path):
-    args = ["run", SPEC, "--set", "workload.steps=100000", "--set", "checkpoint.every_steps=200",
-            "--set", "fault_tolerance.orchestrator_timeout_s=5"]
-    orchestrator = subprocess.Popen([str(BIN / "trainflow"), *args], env=cli_env, cwd=ROOT,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args = [
+        "run",
+        SPEC,
+        "--set",
+        "workload.steps=100000",
+        "--set",
+        "checkpoint.every_steps=200",
+        "--set",
+        "fault_tolerance.orchestrator_timeout_s=5",
+    ]
+    orchestrator = subprocess.Popen(
+        [str(BIN / "trainflow"), *args], env=cli_env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     home = tmp_path / "home"
     checkpoints = home / "checkpoints" / "digits"
     deadline = time.monotonic() + 180
@@ -58,9 +76,22 @@ def test_orchestrator_crash_leaves_no_orphans_and_resume_continues(cli_env, tmp_
         time.sleep(0.5)
     assert job_processes(run_id) == [], "workers outlived their orchestrator"
 
-    committed = max(int(p.parent.name.removeprefix("step-")) for p in checkpoints.glob(f"{run_id}/step-*/manifest.json"))
-    resumed = run_cli(["run", SPEC, "--set", f"workload.steps={committed + 20}", "--set", "checkpoint.every_steps=200",
-                       "--resume", "--json"], cli_env)
+    committed = max(
+        int(p.parent.name.removeprefix("step-")) for p in checkpoints.glob(f"{run_id}/step-*/manifest.json")
+    )
+    resumed = run_cli(
+        [
+            "run",
+            SPEC,
+            "--set",
+            f"workload.steps={committed + 20}",
+            "--set",
+            "checkpoint.every_steps=200",
+            "--resume",
+            "--json",
+        ],
+        cli_env,
+    )
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     summary = summary_of(resumed)
     assert summary["attempts"][0]["resumed_from_step"] == committed
@@ -69,7 +100,8 @@ def test_orchestrator_crash_leaves_no_orphans_and_resume_continues(cli_env, tmp_
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(summary["tracking_uri"])
-    dead = client.search_runs([client.get_experiment_by_name("digits").experiment_id],
-                              filter_string=f"tags.`trainflow.run_id` = '{run_id}'")
+    dead = client.search_runs(
+        [client.get_experiment_by_name("digits").experiment_id], filter_string=f"tags.`trainflow.run_id` = '{run_id}'"
+    )
     assert dead and dead[0].info.status == "FAILED"
     assert "orchestrator died" in json.dumps(dead[0].data.tags)

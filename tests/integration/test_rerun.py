@@ -44,8 +44,12 @@ def test_rerun_repeats_the_recorded_run_bit_for_bit(finished_runs: FinishedRuns)
     verdict = f"no drift; params_sha256 {first['params_sha256']} = the original's"
     assert rerun.data.tags["rerun_verdict"] == verdict and rerun.data.tags["rerun_params_match_original"] == "true"
     # the verdict as the rerun's flow run shows it in Prefect (the drifted rerun's says its drift)
-    artifacts = api_json(finished_runs.api, "POST", "/artifacts/filter",
-                         {"artifacts": {"key": {"any_": [f"rerun-{first['mlflow_run_id']}"]}}})
+    artifacts = api_json(
+        finished_runs.api,
+        "POST",
+        "/artifacts/filter",
+        {"artifacts": {"key": {"any_": [f"rerun-{first['mlflow_run_id']}"]}}},
+    )
     [shown] = [a for a in artifacts if a["description"].startswith("no drift")]
     assert shown["description"] == verdict
     assert "| Drift | none |" in shown["data"] and "| Parameters match the original | true |" in shown["data"]
@@ -145,5 +149,7 @@ def test_rerun_refuses_an_edited_spec_even_with_its_hash_tag_forged(finished_run
         client.set_tag(run_id, "spec_hash", true_hash)
     assert result.returncode == 2, (result.stdout[-2000:], result.stderr[-2000:])
     line = result.stderr.strip().splitlines()[-1]
-    assert "spec_hash" not in line and "seed: " in line and "steps: 120 in the spec, 10 in the run's params" in line, line
+    assert "spec_hash" not in line and "seed: " in line and "steps: 120 in the spec, 10 in the run's params" in line, (
+        line
+    )
     assert counts(finished_runs) == before

@@ -20,16 +20,30 @@ def attempt_reasons(summary: dict) -> list[str]:
     client = MlflowClient(summary["tracking_uri"])
     children = client.search_runs(
         [client.get_run(summary["mlflow_run_id"]).info.experiment_id],
-        filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'", order_by=["tags.attempt ASC"])
+        filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'",
+        order_by=["tags.attempt ASC"],
+    )
     return [run.data.tags["reason"] for run in children]
 
 
 def test_a_rule_by_exit_code_stops_a_run_the_restart_budget_would_retry(cli_env):
-    result = run_cli(["run", SPEC, *JOB,
-                      "--set", "workload.entrypoint=tests/integration/workloads/exit_at_step.py",
-                      "--set", "workload.args=[--exit-at-step, '7', --exit-rank, '1', --exit-code, '3']",
-                      "--set", "fault_tolerance.max_restarts=3",
-                      "--set", "fault_tolerance.rules=[{exit_code: 3, action: stop}]", "--json"], cli_env)
+    result = run_cli(
+        [
+            "run",
+            SPEC,
+            *JOB,
+            "--set",
+            "workload.entrypoint=tests/integration/workloads/exit_at_step.py",
+            "--set",
+            "workload.args=[--exit-at-step, '7', --exit-rank, '1', --exit-code, '3']",
+            "--set",
+            "fault_tolerance.max_restarts=3",
+            "--set",
+            "fault_tolerance.rules=[{exit_code: 3, action: stop}]",
+            "--json",
+        ],
+        cli_env,
+    )
 
     assert result.returncode == 1, result.stderr[-4000:]
     summary = summary_of(result)
@@ -44,12 +58,23 @@ def test_a_rule_by_exit_code_stops_a_run_the_restart_budget_would_retry(cli_env)
 def test_a_rule_by_log_pattern_retries_a_run_the_built_in_policy_would_stop(cli_env, tmp_path):
     marker = tmp_path / "failed-once"
     args = ["--fail-at-step", "7", "--marker", str(marker), "--say", "fabric: link 3 flapped, try again"]
-    result = run_cli(["run", SPEC, *JOB,
-                      "--set", "workload.entrypoint=tests/integration/workloads/fail_once.py",
-                      "--set", f"workload.args={json.dumps(args)}",
-                      "--set", "fault_tolerance.max_restarts=0",  # a crash alone would end the run
-                      "--set", "fault_tolerance.rules=[{log_pattern: 'link \\d+ flapped', outcome: INFRA}]",
-                      "--json"], cli_env)
+    result = run_cli(
+        [
+            "run",
+            SPEC,
+            *JOB,
+            "--set",
+            "workload.entrypoint=tests/integration/workloads/fail_once.py",
+            "--set",
+            f"workload.args={json.dumps(args)}",
+            "--set",
+            "fault_tolerance.max_restarts=0",  # a crash alone would end the run
+            "--set",
+            "fault_tolerance.rules=[{log_pattern: 'link \\d+ flapped', outcome: INFRA}]",
+            "--json",
+        ],
+        cli_env,
+    )
 
     assert result.returncode == 0, result.stderr[-4000:]
     summary = summary_of(result)

@@ -68,9 +68,12 @@ def files_containing(root: Path, needle: bytes) -> list[str]:
 
 
 def api(prefect_api: str, method: str, path: str, body: dict | None = None):
-    request = urllib.request.Request(f"{prefect_api}{path}", method=method,
-                                     data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{prefect_api}{path}",
+        method=method,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
 
@@ -78,8 +81,12 @@ def api(prefect_api: str, method: str, path: str, body: dict | None = None):
 def logs_of(prefect_api: str, flow_run_id: str) -> list[dict]:
     logs: list[dict] = []
     while True:
-        page = api(prefect_api, "POST", "/logs/filter",
-                   {"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200, "offset": len(logs)})
+        page = api(
+            prefect_api,
+            "POST",
+            "/logs/filter",
+            {"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200, "offset": len(logs)},
+        )
         logs += page
         if len(page) < 200:
             return logs
@@ -95,12 +102,23 @@ def paused_run(tmp_path_factory, prefect_api):
     env = {**os.environ, "TRAINFLOW_HOME": str(home), "PREFECT_API_URL": prefect_api, SECRET_NAME: secret}
     args = ["--secret-name", SECRET_NAME, "--pause-at-step", str(PAUSE_AT), "--dir", str(shared)]
     command = [
-        str(BIN / "trainflow"), "run", SPEC,
-        "--set", "workload.entrypoint=tests/integration/workloads/secret_then_pause.py",
-        "--set", f"workload.args={json.dumps(args)}",
-        "--set", f"workload.secret_env=[{SECRET_NAME}]",
-        "--set", "workload.steps=50", "--set", "checkpoint.every_steps=50",
-        "--set", "fault_tolerance.hang_timeout_s=600", "--set", "fault_tolerance.max_user_errors=0",
+        str(BIN / "trainflow"),
+        "run",
+        SPEC,
+        "--set",
+        "workload.entrypoint=tests/integration/workloads/secret_then_pause.py",
+        "--set",
+        f"workload.args={json.dumps(args)}",
+        "--set",
+        f"workload.secret_env=[{SECRET_NAME}]",
+        "--set",
+        "workload.steps=50",
+        "--set",
+        "checkpoint.every_steps=50",
+        "--set",
+        "fault_tolerance.hang_timeout_s=600",
+        "--set",
+        "fault_tolerance.max_user_errors=0",
         "--json",
     ]
     proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -122,13 +140,25 @@ def paused_run(tmp_path_factory, prefect_api):
         ]
         address, token = config["status_address"], config["status_token"]
         # another rank's connection claiming rank 0; a rank outside the world; a second process as rank 0
-        forge(address, token, {"rank": 1, "node": 1, "attempt": 1, "pid": 1},
-              {"kind": "finished", "rank": 0, "node": 0, "step": PAUSE_AT, "params_sha256": FORGED_HASH, "loss": 0.0})
-        forge(address, token, {"rank": 7, "node": 0, "attempt": 1, "pid": 7},
-              {"kind": "finished", "step": PAUSE_AT, "params_sha256": FORGED_HASH, "loss": 0.0})
+        forge(
+            address,
+            token,
+            {"rank": 1, "node": 1, "attempt": 1, "pid": 1},
+            {"kind": "finished", "rank": 0, "node": 0, "step": PAUSE_AT, "params_sha256": FORGED_HASH, "loss": 0.0},
+        )
+        forge(
+            address,
+            token,
+            {"rank": 7, "node": 0, "attempt": 1, "pid": 7},
+            {"kind": "finished", "step": PAUSE_AT, "params_sha256": FORGED_HASH, "loss": 0.0},
+        )
         for rank in (0, 1):
-            forge(address, token, {"rank": rank, "node": rank, "attempt": 1, "pid": 4242 + rank},
-                  {"kind": "finished", "step": PAUSE_AT, "params_sha256": FORGED_HASH, "loss": 0.0})
+            forge(
+                address,
+                token,
+                {"rank": rank, "node": rank, "attempt": 1, "pid": 4242 + rank},
+                {"kind": "finished", "step": PAUSE_AT, "params_sha256": FORGED_HASH, "loss": 0.0},
+            )
         (shared / "release").touch()
         stdout, stderr = proc.communicate(timeout=240)
     finally:

@@ -19,14 +19,17 @@ pytestmark = pytest.mark.integration
 SPEC = "examples/fsdp_tp/spec.yaml"
 STEPS = 20  # a crash at step 15 resumes from the checkpoint at 10; the run ends at the one at 20
 SHORT = [
-    "--set", f"workload.steps={STEPS}",
-    "--set", "checkpoint.every_steps=10",
-    "--set", "tracking.step_metrics_every_s=0",
+    "--set",
+    f"workload.steps={STEPS}",
+    "--set",
+    "checkpoint.every_steps=10",
+    "--set",
+    "tracking.step_metrics_every_s=0",
 ]
 LAYOUTS = {
-    "fsdp": ["--set", "parallel.tensor=1"],                       # 2 nodes x 2: dp 4
+    "fsdp": ["--set", "parallel.tensor=1"],  # 2 nodes x 2: dp 4
     "tp": ["--set", "resources.nodes=1", "--set", "parallel.strategy=ddp"],  # 1 node x 2: tp 2
-    "fsdp_tp": [],                                                # 2 nodes x 2: dp 2 x tp 2
+    "fsdp_tp": [],  # 2 nodes x 2: dp 2 x tp 2
     "hsdp": ["--set", "parallel.strategy=hybrid", "--set", "parallel.tensor=1"],  # replicate 2 x shard 2
 }
 can_make_hosts = os.geteuid() == 0 and shutil.which("ip") is not None
@@ -44,8 +47,11 @@ def mlflow_of(env: dict) -> MlflowClient:
 
 
 def drill(env: dict, fault: str, *extra: str) -> dict:
-    result = run_cli(["drill", SPEC, "--fault", fault, "--at-step", "15", "--no-compare-torchrun", *SHORT, *extra,
-                      "--json"], env, timeout_s=420)
+    result = run_cli(
+        ["drill", SPEC, "--fault", fault, "--at-step", "15", "--no-compare-torchrun", *SHORT, *extra, "--json"],
+        env,
+        timeout_s=420,
+    )
     report = summary_of(result)
     assert report["injected"], result.stderr[-3000:]
     return report
@@ -78,9 +84,13 @@ def test_permanent_node_loss_reshards_fsdp_tp_to_fewer_ranks(home_env):
     assert report["outcomes"] == ["NODE_LOST", "SUCCEEDED"], report
     assert report["status"] == "succeeded" and report["final_step"] == STEPS
     client = mlflow_of(home_env)
-    attempts = {int(r.data.params["attempt"]): r.data.params for r in
-                client.search_runs([client.get_run(report["mlflow_run_id"]).info.experiment_id],
-                                   f"tags.mlflow.parentRunId = '{report['mlflow_run_id']}'")}
+    attempts = {
+        int(r.data.params["attempt"]): r.data.params
+        for r in client.search_runs(
+            [client.get_run(report["mlflow_run_id"]).info.experiment_id],
+            f"tags.mlflow.parentRunId = '{report['mlflow_run_id']}'",
+        )
+    }
     assert (attempts[1]["world_size"], attempts[1]["dp_degree"], attempts[1]["tp_degree"]) == ("4", "2", "2")
     assert (attempts[2]["world_size"], attempts[2]["dp_degree"], attempts[2]["tp_degree"]) == ("2", "1", "2")
     # the first step on two ranks computes the same global batch from the same restored state
@@ -92,10 +102,29 @@ def test_permanent_node_loss_reshards_fsdp_tp_to_fewer_ranks(home_env):
 
 @pytest.mark.timeout(600)
 def test_hsdp_replicas_that_diverge_are_caught_and_shards_never_compared(cli_env):
-    result = run_cli(["run", SPEC, "--set", "workload.entrypoint=tests/integration/workloads/diverge_hsdp.py",
-                      "--set", "workload.args=[--at-step, '25']", "--set", "parallel.strategy=hybrid",
-                      "--set", "parallel.tensor=1", "--set", "workload.steps=40", "--set", "checkpoint.every_steps=10",
-                      "--set", "fault_tolerance.divergence_check_every_steps=10", "--json"], cli_env, timeout_s=420)
+    result = run_cli(
+        [
+            "run",
+            SPEC,
+            "--set",
+            "workload.entrypoint=tests/integration/workloads/diverge_hsdp.py",
+            "--set",
+            "workload.args=[--at-step, '25']",
+            "--set",
+            "parallel.strategy=hybrid",
+            "--set",
+            "parallel.tensor=1",
+            "--set",
+            "workload.steps=40",
+            "--set",
+            "checkpoint.every_steps=10",
+            "--set",
+            "fault_tolerance.divergence_check_every_steps=10",
+            "--json",
+        ],
+        cli_env,
+        timeout_s=420,
+    )
     summary = summary_of(result)
     assert [a["outcome"] for a in summary["attempts"]] == ["DIVERGED", "SUCCEEDED"], summary["attempts"]
     assert "diverged at step 30" in summary["attempts"][0]["reason"]
@@ -104,9 +133,21 @@ def test_hsdp_replicas_that_diverge_are_caught_and_shards_never_compared(cli_env
 
 
 def test_fsdp_example_as_hsdp_trains_across_epochs_to_the_end(cli_env):
-    result = run_cli(["run", "examples/fsdp/spec.yaml", "--set", "parallel.strategy=hybrid",
-                      "--set", "workload.steps=40", "--set", "checkpoint.every_steps=20", "--json"],
-                     cli_env, timeout_s=420)
+    result = run_cli(
+        [
+            "run",
+            "examples/fsdp/spec.yaml",
+            "--set",
+            "parallel.strategy=hybrid",
+            "--set",
+            "workload.steps=40",
+            "--set",
+            "checkpoint.every_steps=20",
+            "--json",
+        ],
+        cli_env,
+        timeout_s=420,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     summary = summary_of(result)
     assert summary["status"] == "succeeded" and summary["final_step"] == 40  # 28 batches an epoch
@@ -117,8 +158,10 @@ def test_fsdp_example_as_hsdp_trains_across_epochs_to_the_end(cli_env):
 
 def test_declared_layout_the_model_does_not_have_is_a_warning_in_the_run(cli_env):
     # the digits job is plain DDP: declaring fsdp is a contradiction the run must show
-    result = run_cli(["run", "examples/digits/spec.yaml", "--set", "workload.steps=20",
-                      "--set", "parallel.strategy=fsdp", "--json"], cli_env)
+    result = run_cli(
+        ["run", "examples/digits/spec.yaml", "--set", "workload.steps=20", "--set", "parallel.strategy=fsdp", "--json"],
+        cli_env,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     summary = summary_of(result)
     run = MlflowClient(summary["tracking_uri"]).get_run(summary["mlflow_run_id"])
@@ -127,7 +170,8 @@ def test_declared_layout_the_model_does_not_have_is_a_warning_in_the_run(cli_env
 
 
 def test_world_size_the_tensor_degree_does_not_divide_is_refused(cli_env):
-    result = run_cli(["run", SPEC, "--set", "resources.procs_per_node=3", "--set", "resources.nodes=1"], cli_env,
-                     timeout_s=60)
+    result = run_cli(
+        ["run", SPEC, "--set", "resources.procs_per_node=3", "--set", "resources.nodes=1"], cli_env, timeout_s=60
+    )
     assert result.returncode == 2
     assert "tensor × pipeline = 2 does not divide the world size 3" in result.stderr

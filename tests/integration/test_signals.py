@@ -45,15 +45,28 @@ def endless_run(home: Path, prefect_home: Path, marker: Path, *extra: str) -> su
     env = {**os.environ, "TRAINFLOW_HOME": str(home), "PREFECT_HOME": str(prefect_home)}
     env.pop("PREFECT_API_URL", None)
     command = [
-        str(BIN / "trainflow"), "run", SPEC,
-        "--set", "workload.entrypoint=tests/integration/workloads/announce_step.py",
-        "--set", f"workload.args=[--announce-at-step, '{ANNOUNCE_AT_STEP}', --marker, '{marker}']",
-        "--set", "workload.steps=100000000", "--set", "checkpoint.every_steps=100000000", *extra,
+        str(BIN / "trainflow"),
+        "run",
+        SPEC,
+        "--set",
+        "workload.entrypoint=tests/integration/workloads/announce_step.py",
+        "--set",
+        f"workload.args=[--announce-at-step, '{ANNOUNCE_AT_STEP}', --marker, '{marker}']",
+        "--set",
+        "workload.steps=100000000",
+        "--set",
+        "checkpoint.every_steps=100000000",
+        *extra,
     ]
     home.mkdir(parents=True, exist_ok=True)  # a second run shares the first one's home
     with open(home.parent / "stdout", "ab") as stdout, open(home.parent / "stderr", "ab") as stderr:
         proc = subprocess.Popen(
-            command, env=env, cwd=ROOT, stdout=stdout, stderr=stderr, start_new_session=True,
+            command,
+            env=env,
+            cwd=ROOT,
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,
             # a shell without job control starts background commands with SIGINT ignored; a terminal does not
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
@@ -135,7 +148,8 @@ def ended(proc: psutil.Process) -> bool:
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_to_the_process_group_ends_the_run_cleanly_with_an_emergency_checkpoint(
-        home, prefect_home, tmp_path, signum):
+    home, prefect_home, tmp_path, signum
+):
     marker = tmp_path / "training"
     proc = endless_run(home, prefect_home, marker)
     wait_for(marker.exists, proc, "training step")
@@ -184,7 +198,8 @@ def test_a_group_sigterm_early_in_the_run_leaves_nothing_open_or_behind(home, pr
 
 
 def test_a_sigkilled_orchestrator_takes_its_server_and_agents_along_and_the_next_run_reaps_the_rest(
-        home, prefect_home, tmp_path):
+    home, prefect_home, tmp_path
+):
     marker = tmp_path / "training"
     proc = endless_run(home, prefect_home, marker)
     wait_for(marker.exists, proc, "training step")
@@ -205,8 +220,17 @@ def test_a_sigkilled_orchestrator_takes_its_server_and_agents_along_and_the_next
 
     # the next run reaps what the dead orchestrator recorded, and resumes from that checkpoint
     newest = committed_steps(home)[-1]
-    resumed = endless_run(home, prefect_home, tmp_path / "resumed", "--resume", "--json",
-                          "--set", f"workload.steps={newest + 10}", "--set", f"checkpoint.every_steps={newest + 10}")
+    resumed = endless_run(
+        home,
+        prefect_home,
+        tmp_path / "resumed",
+        "--resume",
+        "--json",
+        "--set",
+        f"workload.steps={newest + 10}",
+        "--set",
+        f"checkpoint.every_steps={newest + 10}",
+    )
     assert wait_exit(resumed) == 0, stderr_of(resumed)[-4000:]
     summary = json.loads((home.parent / "stdout").read_text().strip().splitlines()[-1])
     assert summary["status"] == "succeeded"

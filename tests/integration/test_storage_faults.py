@@ -19,7 +19,14 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.integration.conftest import (
-    BIN, BUCKET, job_processes, run_cli, s3_environment, start_server, stop_server, summary_of,
+    BIN,
+    BUCKET,
+    job_processes,
+    run_cli,
+    s3_environment,
+    start_server,
+    stop_server,
+    summary_of,
 )
 from trainflow.backends.ports import free_port
 from trainflow.backends.rank_records import read_ranks
@@ -35,8 +42,9 @@ def tmpfs(tmp_path):
     """A 2 MiB tmpfs as the checkpoint folder (root only); unmounted whatever happens."""
     mountpoint = tmp_path / "store"
     mountpoint.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mountpoint)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mountpoint)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
     try:
@@ -46,13 +54,32 @@ def tmpfs(tmp_path):
 
 
 def run_with_fault(cli_env: dict, tmp_path: Path, store: Path, fault: str, *extra: str):
-    args = (f"[--store, '{store}', --fault, {fault}, --at-step, '25', --after-commit, '20', "
-            f"--marker, '{tmp_path / 'faulted'}', {', '.join(extra)}]").replace(", ]", "]")
-    return run_cli([
-        "run", SPEC, "--set", f"workload.entrypoint={WORKLOAD}", "--set", f"workload.args={args}",
-        "--set", "workload.steps=40", "--set", "checkpoint.every_steps=10", "--set", "checkpoint.keep_last=2",
-        "--set", "checkpoint.snapshot_every_s=0", "--set", f"checkpoint.uri={store}", "--json",
-    ], cli_env)
+    args = (
+        f"[--store, '{store}', --fault, {fault}, --at-step, '25', --after-commit, '20', "
+        f"--marker, '{tmp_path / 'faulted'}', {', '.join(extra)}]"
+    ).replace(", ]", "]")
+    return run_cli(
+        [
+            "run",
+            SPEC,
+            "--set",
+            f"workload.entrypoint={WORKLOAD}",
+            "--set",
+            f"workload.args={args}",
+            "--set",
+            "workload.steps=40",
+            "--set",
+            "checkpoint.every_steps=10",
+            "--set",
+            "checkpoint.keep_last=2",
+            "--set",
+            "checkpoint.snapshot_every_s=0",
+            "--set",
+            f"checkpoint.uri={store}",
+            "--json",
+        ],
+        cli_env,
+    )
 
 
 def uncommitted_folders(store: Path, run_id: str) -> list[str]:
@@ -60,8 +87,7 @@ def uncommitted_folders(store: Path, run_id: str) -> list[str]:
     return sorted(p.name for p in run.glob("step-*") if not (p / "manifest.json").exists()) if run.is_dir() else []
 
 
-def test_a_full_checkpoint_folder_never_ends_in_success_with_the_last_state_only_on_the_nodes(
-        cli_env, tmp_path, tmpfs):
+def test_a_full_checkpoint_folder_never_ends_in_success_with_the_last_state_only_on_the_nodes(cli_env, tmp_path, tmpfs):
     result = run_with_fault(cli_env, tmp_path, tmpfs, "full")
     summary = summary_of(result)
     assert result.returncode == 1, result.stderr[-4000:]
@@ -92,8 +118,7 @@ def test_the_last_state_restored_from_a_node_is_made_durable_before_the_run_succ
     assert uncommitted_folders(tmpfs, summary["run_id"]) == []
 
 
-def test_a_checkpoint_folder_turning_read_only_is_infra_and_the_run_ends_with_its_summary(
-        cli_env, tmp_path, tmpfs):
+def test_a_checkpoint_folder_turning_read_only_is_infra_and_the_run_ends_with_its_summary(cli_env, tmp_path, tmpfs):
     result = run_with_fault(cli_env, tmp_path, tmpfs, "read-only")
     summary = summary_of(result)  # the JSON summary, not a traceback
     assert result.returncode == 1, result.stderr[-4000:]
@@ -112,13 +137,22 @@ def own_s3(tmp_path):
     """An S3 endpoint of this test's own, since the test freezes it."""
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    proc = start_server([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], dict(os.environ),
-                        tmp_path / "moto.log", f"{endpoint}/moto-api/", timeout_s=60)
+    proc = start_server(
+        [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        dict(os.environ),
+        tmp_path / "moto.log",
+        f"{endpoint}/moto-api/",
+        timeout_s=60,
+    )
     try:
         env = s3_environment(endpoint)
-        boto3.client("s3", endpoint_url=endpoint, region_name=env["AWS_DEFAULT_REGION"],
-                     aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                     aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"]).create_bucket(Bucket=BUCKET)
+        boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name=env["AWS_DEFAULT_REGION"],
+            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        ).create_bucket(Bucket=BUCKET)
         yield proc, env
     finally:
         os.kill(proc.pid, signal.SIGCONT)
@@ -147,8 +181,9 @@ def running(pid: int) -> bool:
 def first_attempt_evidence(summary: dict, folder: Path) -> dict:
     client = MlflowClient(summary["tracking_uri"])
     parent = client.get_run(summary["mlflow_run_id"])
-    children = client.search_runs([parent.info.experiment_id],
-                                  filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'")
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'"
+    )
     first = next(c for c in children if c.data.tags["attempt"] == "1")
     return json.loads(Path(client.download_artifacts(first.info.run_id, "evidence.json", str(folder))).read_text())
 
@@ -158,19 +193,37 @@ def test_an_s3_outage_longer_than_the_hang_timeout_is_infra_not_a_hang(cli_env, 
     server, s3_env = own_s3
     env = {**cli_env, **s3_env}
     done = threading.Event()
-    resumer = threading.Thread(target=resume_once_the_attempt_is_gone,
-                               args=(Path(env["TRAINFLOW_HOME"]), server, done), daemon=True)
+    resumer = threading.Thread(
+        target=resume_once_the_attempt_is_gone, args=(Path(env["TRAINFLOW_HOME"]), server, done), daemon=True
+    )
     resumer.start()
     # frozen before the first checkpoint: the workers' first upload blocks, and the orchestrator,
     # with no commit to verify, is not itself waiting on the endpoint while it ends the attempt
     args = f"[--pid, '{server.pid}', --at-step, '5', --marker, '{tmp_path / 'frozen'}']"
     try:
-        result = run_cli([
-            "run", SPEC, "--set", "workload.entrypoint=tests/integration/workloads/signal_at_step.py",
-            "--set", f"workload.args={args}", "--set", "workload.steps=60", "--set", "checkpoint.every_steps=10",
-            "--set", "checkpoint.snapshot_every_s=0", "--set", f"checkpoint.uri=s3://{BUCKET}/outage",
-            "--set", "fault_tolerance.hang_timeout_s=10", "--json",
-        ], env, timeout_s=600)
+        result = run_cli(
+            [
+                "run",
+                SPEC,
+                "--set",
+                "workload.entrypoint=tests/integration/workloads/signal_at_step.py",
+                "--set",
+                f"workload.args={args}",
+                "--set",
+                "workload.steps=60",
+                "--set",
+                "checkpoint.every_steps=10",
+                "--set",
+                "checkpoint.snapshot_every_s=0",
+                "--set",
+                f"checkpoint.uri=s3://{BUCKET}/outage",
+                "--set",
+                "fault_tolerance.hang_timeout_s=10",
+                "--json",
+            ],
+            env,
+            timeout_s=600,
+        )
     finally:
         done.set()
         resumer.join(10)
@@ -187,8 +240,16 @@ def test_an_s3_outage_longer_than_the_hang_timeout_is_infra_not_a_hang(cli_env, 
 def test_resume_whose_chosen_checkpoint_disappeared_chooses_again(cli_env, tmp_path):
     store = tmp_path / "shared-store"
     workload = ["--set", "workload.entrypoint=tests/integration/workloads/lose_restore_point.py"]
-    common = [*workload, "--set", "checkpoint.every_steps=10", "--set", f"checkpoint.uri={store}",
-              "--set", "checkpoint.snapshot_every_s=0", "--json"]
+    common = [
+        *workload,
+        "--set",
+        "checkpoint.every_steps=10",
+        "--set",
+        f"checkpoint.uri={store}",
+        "--set",
+        "checkpoint.snapshot_every_s=0",
+        "--json",
+    ]
     runs = [run_cli(["run", SPEC, "--set", f"workload.steps={steps}", *common], cli_env) for steps in (20, 30)]
     assert [r.returncode for r in runs] == [0, 0], runs[0].stderr[-3000:] + runs[1].stderr[-3000:]
     older, newer = (summary_of(r) for r in runs)

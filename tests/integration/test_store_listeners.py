@@ -29,7 +29,9 @@ pytestmark = pytest.mark.integration
 
 SPEC = "examples/digits/spec.yaml"
 EVERYWHERE = {"0.0.0.0", "::", ""}
-TWO_RANKS = "import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.barrier()\ndist.destroy_process_group()\n"
+TWO_RANKS = (
+    "import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.barrier()\ndist.destroy_process_group()\n"
+)
 
 
 def job_listeners(home: str) -> dict[tuple[str, int], str]:
@@ -41,8 +43,11 @@ def job_listeners(home: str) -> dict[tuple[str, int], str]:
                 commands[proc.pid] = " ".join(proc.info["cmdline"] or [])
         except psutil.Error:
             continue
-    return {(c.laddr.ip, c.laddr.port): commands[c.pid] for c in psutil.net_connections(kind="inet")
-            if c.pid in commands and c.status == psutil.CONN_LISTEN}
+    return {
+        (c.laddr.ip, c.laddr.port): commands[c.pid]
+        for c in psutil.net_connections(kind="inet")
+        if c.pid in commands and c.status == psutil.CONN_LISTEN
+    }
 
 
 def ss_listeners() -> str:
@@ -54,10 +59,21 @@ def test_a_live_job_listens_on_loopback_only(cli_env, tmp_path, warm):
     home = cli_env["TRAINFLOW_HOME"]
     gate = tmp_path / "gate"
     gate.mkdir()
-    args = ["run", SPEC, "--set", "workload.entrypoint=tests/integration/workloads/pause_until_released.py",
-            "--set", f"workload.args=[--pause-at-step, '3', --paused, '{gate / 'paused'}', --release, '{gate / 'release'}']",
-            "--set", "workload.steps=6", "--set", f"resources.warm_workers={str(warm).lower()}",
-            "--set", "fault_tolerance.hang_timeout_s=900", "--json"]
+    args = [
+        "run",
+        SPEC,
+        "--set",
+        "workload.entrypoint=tests/integration/workloads/pause_until_released.py",
+        "--set",
+        f"workload.args=[--pause-at-step, '3', --paused, '{gate / 'paused'}', --release, '{gate / 'release'}']",
+        "--set",
+        "workload.steps=6",
+        "--set",
+        f"resources.warm_workers={str(warm).lower()}",
+        "--set",
+        "fault_tolerance.hang_timeout_s=900",
+        "--json",
+    ]
     seen: dict = {}
 
     def look_while_paused() -> None:
@@ -91,13 +107,38 @@ def agent(tmp_path: Path, node: int, port: int, script: Path, listen_fd: int | N
         env[LISTEN_FD_ENV] = str(listen_fd)
     with open(tmp_path / f"node-{node}.log", "wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "trainflow.backends.agent", "--nnodes", "2", "--nproc-per-node", "1",
-             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "race",
-             "--rdzv-conf", f"is_host={'true' if node == 0 else 'false'},join_timeout=60", "--max-restarts", "0",
-             "--monitor-interval", "0.1", "--local-addr", "127.0.0.1", "--log-dir", str(tmp_path / f"torchrun-{node}"),
-             str(script)],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, pass_fds=(listen_fd,) if listen_fd is not None else (),
+            [
+                sys.executable,
+                "-m",
+                "trainflow.backends.agent",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "--rdzv-id",
+                "race",
+                "--rdzv-conf",
+                f"is_host={'true' if node == 0 else 'false'},join_timeout=60",
+                "--max-restarts",
+                "0",
+                "--monitor-interval",
+                "0.1",
+                "--local-addr",
+                "127.0.0.1",
+                "--log-dir",
+                str(tmp_path / f"torchrun-{node}"),
+                str(script),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=(listen_fd,) if listen_fd is not None else (),
         )
 
 

@@ -12,8 +12,8 @@ from mlflow.tracking import MlflowClient
 from tasks.records import RunRecord
 from tasks.teardown import close_tracking
 from tests.conftest import ROOT
-from trainflow.spec import load_spec
 from trainflow.reporting.tracking import Tracker
+from trainflow.spec import load_spec
 
 pytestmark = pytest.mark.integration
 
@@ -42,8 +42,15 @@ def test_a_stopped_run_and_its_open_attempt_are_killed_even_while_the_store_is_l
     parent = tracker.start_run("digits", "digits-1", tags={"trainflow.run_id": "digits-1"})
     attempt = tracker.start_run("digits", "digits-1-attempt-1", tags={"attempt": "1"}, parent=parent)
     spec = load_spec(ROOT / "examples/digits/spec.yaml")
-    record = RunRecord(spec=spec, run_id="digits-1", mlflow_run_id=parent, tracking_uri=uri, experiment="digits",
-                       prefect_flow_run_id="", started_at=0.0)
+    record = RunRecord(
+        spec=spec,
+        run_id="digits-1",
+        mlflow_run_id=parent,
+        tracking_uri=uri,
+        experiment="digits",
+        prefect_flow_run_id="",
+        started_at=0.0,
+    )
 
     holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)  # released from the writer thread
     holder.execute("BEGIN EXCLUSIVE")  # another writer, mid-transaction
@@ -52,8 +59,7 @@ def test_a_stopped_run_and_its_open_attempt_are_killed_even_while_the_store_is_l
     released = ReleaseLockOnRetry(holder)
     writes.addHandler(released)
     try:
-        close_tracking(spec, "digits-1", record, None, REPORT,
-                       finalized=False, stopped_by="SIGINT", logger=logger)
+        close_tracking(spec, "digits-1", record, None, REPORT, finalized=False, stopped_by="SIGINT", logger=logger)
     finally:
         writes.removeHandler(released)
         holder.close()

@@ -27,9 +27,22 @@ SQLITE_BUSY_TIMEOUT_S = 20  # MLflow's PRAGMA busy_timeout on SQLite
 
 
 def probe_args(steps: int, workload_args: list[str], *more: str) -> list[str]:
-    return ["run", SPEC, "--set", f"workload.entrypoint={WORKLOAD}", "--set", f"workload.args={json.dumps(workload_args)}",
-            "--set", f"workload.steps={steps}", "--set", "checkpoint.every_steps=20",
-            "--set", "tracking.step_metrics_every_s=0", *more, "--json"]
+    return [
+        "run",
+        SPEC,
+        "--set",
+        f"workload.entrypoint={WORKLOAD}",
+        "--set",
+        f"workload.args={json.dumps(workload_args)}",
+        "--set",
+        f"workload.steps={steps}",
+        "--set",
+        "checkpoint.every_steps=20",
+        "--set",
+        "tracking.step_metrics_every_s=0",
+        *more,
+        "--json",
+    ]
 
 
 def wait_for(predicate, timeout_s: float, what: str) -> None:
@@ -47,8 +60,9 @@ def step_of(progress: Path) -> int:
 
 
 def start_cli(args: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen([str(BIN / "trainflow"), *args], env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [str(BIN / "trainflow"), *args], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def finish_cli(proc: subprocess.Popen, timeout_s: float) -> subprocess.CompletedProcess:
@@ -70,8 +84,10 @@ def test_a_metric_mlflow_cannot_take_is_left_out_with_one_warning(cli_env, tmp_p
     assert len(warnings) == 1 and LONG_NAME in warnings[0] and "300 characters" in warnings[0], warnings
     client = MlflowClient(summary["tracking_uri"])
     assert len(client.get_metric_history(summary["mlflow_run_id"], "loss")) == 30
-    attempts = client.search_runs([client.get_run(summary["mlflow_run_id"]).info.experiment_id],
-                                  filter_string=f"tags.`mlflow.parentRunId` = '{summary['mlflow_run_id']}'")
+    attempts = client.search_runs(
+        [client.get_run(summary["mlflow_run_id"]).info.experiment_id],
+        filter_string=f"tags.`mlflow.parentRunId` = '{summary['mlflow_run_id']}'",
+    )
     assert [run.data.tags["outcome"] for run in attempts] == ["SUCCEEDED"]
 
 
@@ -79,17 +95,41 @@ def test_a_store_locked_longer_than_sqlites_busy_timeout_is_waited_out_while_tra
     progress, release = tmp_path / "progress", tmp_path / "release"
     steps, hold_at = 160, 150  # held at step 150 until the store is free again, so the run ends after
     database = Path(cli_env["TRAINFLOW_HOME"]) / "mlflow.db"
-    proc = start_cli(probe_args(steps, ["--progress", str(progress), "--step-pause-s", "0.1",
-                                        "--hold-at-step", str(hold_at), "--release", str(release)],
-                                "--set", "fault_tolerance.hang_timeout_s=600"), cli_env)  # a hold is no hang
+    proc = start_cli(
+        probe_args(
+            steps,
+            [
+                "--progress",
+                str(progress),
+                "--step-pause-s",
+                "0.1",
+                "--hold-at-step",
+                str(hold_at),
+                "--release",
+                str(release),
+            ],
+            "--set",
+            "fault_tolerance.hang_timeout_s=600",
+        ),
+        cli_env,
+    )  # a hold is no hang
     holder = None
     try:
         wait_for(lambda: step_of(progress) >= 5, 180, "the first steps")
         locked = tmp_path / "locked"
-        holder = subprocess.Popen([sys.executable, "-c", (
-            "import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
-            "db.execute('BEGIN EXCLUSIVE'); open(sys.argv[2], 'w').close(); time.sleep(float(sys.argv[3]))"
-        ), str(database), str(locked), str(SQLITE_BUSY_TIMEOUT_S * 2)])
+        holder = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                (
+                    "import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
+                    "db.execute('BEGIN EXCLUSIVE'); open(sys.argv[2], 'w').close(); time.sleep(float(sys.argv[3]))"
+                ),
+                str(database),
+                str(locked),
+                str(SQLITE_BUSY_TIMEOUT_S * 2),
+            ]
+        )
         wait_for(locked.exists, 60, "the other process's lock")
         at_lock = step_of(progress)
         assert holder.wait(timeout=SQLITE_BUSY_TIMEOUT_S * 2 + 60) == 0  # the lock ends with its process
@@ -119,8 +159,9 @@ def test_a_store_locked_longer_than_sqlites_busy_timeout_is_waited_out_while_tra
 @contextlib.contextmanager
 def small_tmpfs(folder: Path, size: str):
     folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
@@ -145,9 +186,17 @@ def test_a_store_whose_disk_stays_full_ends_the_run_infra_with_its_state_checkpo
     home = Path(cli_env["TRAINFLOW_HOME"])
     with small_tmpfs(tmp_path / "store", "64m") as store:
         # 2000 steps of at least 50 ms: training outlasts the store's patience by far
-        proc = start_cli(probe_args(2000, ["--progress", str(progress)],
-                                    "--set", f"tracking.uri=sqlite:///{store}/mlflow.db",
-                                    "--set", "tracking.store_patience_s=10"), cli_env)
+        proc = start_cli(
+            probe_args(
+                2000,
+                ["--progress", str(progress)],
+                "--set",
+                f"tracking.uri=sqlite:///{store}/mlflow.db",
+                "--set",
+                "tracking.store_patience_s=10",
+            ),
+            cli_env,
+        )
         try:
             wait_for(lambda: step_of(progress) >= 25, 180, "the first checkpoint's steps")
             fill(store)

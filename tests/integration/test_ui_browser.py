@@ -13,7 +13,12 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import ROOT
 from tests.integration.deployments import (
-    api_json, create_flow_run, deploy_all, deployment, process_worker, wait_for_flow_run,
+    api_json,
+    create_flow_run,
+    deploy_all,
+    deployment,
+    process_worker,
+    wait_for_flow_run,
 )
 from tests.integration.webdriver import Browser, ensure_chromium
 
@@ -58,8 +63,14 @@ def test_custom_run_from_the_ui_trains_with_the_changed_field(browser, served):
     labels = browser.script(
         "return [...document.querySelectorAll('.schema-form-property__label')].map(s => s.textContent.trim())"
     )
-    for section in ["Workload", "Resources (Optional)", "Parallel (Optional)", "Checkpoint (Optional)",
-                    "Fault Tolerance (Optional)", "Tracking (Optional)"]:
+    for section in [
+        "Workload",
+        "Resources (Optional)",
+        "Parallel (Optional)",
+        "Checkpoint (Optional)",
+        "Fault Tolerance (Optional)",
+        "Tracking (Optional)",
+    ]:
         assert section in labels, labels
     browser.wait_for(".schema-form-property__description", text="Total number of training steps of the job.")
     browser.clear(steps)
@@ -70,9 +81,16 @@ def test_custom_run_from_the_ui_trains_with_the_changed_field(browser, served):
     deadline = time.monotonic() + 60
     runs = []
     while not runs and time.monotonic() < deadline:
-        runs = api_json(api, "POST", "/flow_runs/filter", {
-            "flow_runs": {"deployment_id": {"any_": [train["id"]]}}, "sort": "EXPECTED_START_TIME_DESC", "limit": 5,
-        })
+        runs = api_json(
+            api,
+            "POST",
+            "/flow_runs/filter",
+            {
+                "flow_runs": {"deployment_id": {"any_": [train["id"]]}},
+                "sort": "EXPECTED_START_TIME_DESC",
+                "limit": 5,
+            },
+        )
         runs = [r for r in runs if r["parameters"]["spec"]["workload"]["steps"] == STEPS]
         time.sleep(0.5)
     assert len(runs) == 1, "the form did not create the flow run"
@@ -92,9 +110,12 @@ def test_custom_run_from_the_ui_trains_with_the_changed_field(browser, served):
     browser.screenshot(ARTIFACTS / "ui-custom-run-completed.png")
 
     # the run's summary artifact, as the UI renders it
-    [summary] = api_json(api, "POST", "/artifacts/filter", {
-        "artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}, "type": {"any_": ["markdown"]}}
-    })
+    [summary] = api_json(
+        api,
+        "POST",
+        "/artifacts/filter",
+        {"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}, "type": {"any_": ["markdown"]}}},
+    )
     browser.open(f"{ui}/artifacts/artifact/{summary['id']}")
     browser.wait_for("h1", text=run.data.tags["trainflow.run_id"])
     browser.wait_for("th, td", text=f"succeeded at step {STEPS} of {STEPS}")
@@ -122,13 +143,21 @@ def test_a_crash_drill_shows_the_failed_attempt_and_its_verdict(browser, served)
     assert flow_run["state"]["type"] == "COMPLETED", (flow_run["state"], served["log"].read_text()[-4000:])
 
     # the faulted run is the drill's subflow: its crashed attempt's task is Failed, with the outcome
-    [faulted] = api_json(api, "POST", "/flow_runs/filter", {
-        "flow_runs": {"parent_flow_run_id": {"any_": [flow_run["id"]]}}, "flows": {"name": {"any_": ["faulted-lifecycle"]}},
-    })
+    [faulted] = api_json(
+        api,
+        "POST",
+        "/flow_runs/filter",
+        {
+            "flow_runs": {"parent_flow_run_id": {"any_": [flow_run["id"]]}},
+            "flows": {"name": {"any_": ["faulted-lifecycle"]}},
+        },
+    )
     assert faulted["state"]["type"] == "COMPLETED"
     assert "1 of 2 attempts failed: attempt 1 CRASHED at step" in faulted["state"]["message"]
-    tasks = {t["name"]: t for t in api_json(api, "POST", "/task_runs/filter",
-                                            {"flow_runs": {"id": {"any_": [faulted["id"]]}}})}
+    tasks = {
+        t["name"]: t
+        for t in api_json(api, "POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [faulted["id"]]}}})
+    }
     watch = tasks["watch-attempt-1"]
     assert watch["state"]["type"] == "FAILED" and watch["state"]["message"].startswith("CRASHED at step")
     assert tasks["classify-attempt-1"]["state"]["name"] == "Recovering"
@@ -143,15 +172,19 @@ def test_a_crash_drill_shows_the_failed_attempt_and_its_verdict(browser, served)
     browser.screenshot(ARTIFACTS / "ui-drill-faulted-run.png")
 
     # the drill's verdict, as the UI renders its artifact
-    [verdict] = api_json(api, "POST", "/artifacts/filter", {
-        "artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}, "key": {"any_": ["digits-drill-drill-crash"]}}
-    })
+    [verdict] = api_json(
+        api,
+        "POST",
+        "/artifacts/filter",
+        {"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}, "key": {"any_": ["digits-drill-drill-crash"]}}},
+    )
     browser.open(f"{ui}/artifacts/artifact/{verdict['id']}")
     browser.wait_for("h1", text="Drill crash: PASSED")
     browser.wait_for("th, td", text="params_match_baseline")
     assert "| params_match_baseline | true |" in verdict["data"]
     browser.screenshot(ARTIFACTS / "ui-drill-verdict.png")
     client = MlflowClient(f"sqlite:///{served['home'] / 'mlflow.db'}")
-    [run] = client.search_runs([client.get_experiment_by_name("digits-drill").experiment_id],
-                               f"tags.prefect_flow_run_id = '{faulted['id']}'")
+    [run] = client.search_runs(
+        [client.get_experiment_by_name("digits-drill").experiment_id], f"tags.prefect_flow_run_id = '{faulted['id']}'"
+    )
     assert run.data.tags["drill_verdict"] == "PASSED" and run.data.tags["drill_params_match_baseline"] == "true"

@@ -42,9 +42,21 @@ def recorded_totals(runs: FinishedRuns) -> dict[str, dict]:
 def test_usage_totals_equal_the_sums_over_the_mlflow_runs(finished_runs: FinishedRuns):
     expected = recorded_totals(finished_runs)
     assert expected["usage-vision"]["runs"] == 3 and expected["usage-nlp"]["runs"] == 1
-    assert expected["usage-vision"]["failures"] == {"CRASHED": 1} and sum(expected["usage-nlp"]["failures"].values()) == 1
+    assert (
+        expected["usage-vision"]["failures"] == {"CRASHED": 1} and sum(expected["usage-nlp"]["failures"].values()) == 1
+    )
     picture = finished_runs.folder / "usage.png"
-    base = ["usage", "--by", "team", "--since", "1d", "--tracking-uri", finished_runs.tracking_uri, "--plot", str(picture)]
+    base = [
+        "usage",
+        "--by",
+        "team",
+        "--since",
+        "1d",
+        "--tracking-uri",
+        finished_runs.tracking_uri,
+        "--plot",
+        str(picture),
+    ]
 
     as_json = run_cli([*base, "--json"], finished_runs.env)
     assert as_json.returncode == 0, as_json.stderr[-3000:]
@@ -91,7 +103,10 @@ def test_audit_of_a_cli_run_names_who_launched_it_and_holds_no_secret(finished_r
     recorded = finished_runs.client.get_run(original["mlflow_run_id"]).data.tags
     assert trail["origin"]["launched_via"] == "cli" and "prefect_deployment" not in trail["origin"]
     assert trail["origin"]["launched_by_user"] and trail["origin"]["launched_from_host"] == os.uname().nodename
-    assert trail["identity"]["spec_hash"] == recorded["spec_hash"] and (trail["team"], trail["owner"]) == ("usage-vision", "ada")
+    assert trail["identity"]["spec_hash"] == recorded["spec_hash"] and (trail["team"], trail["owner"]) == (
+        "usage-vision",
+        "ada",
+    )
     assert [(a["attempt"], a["outcome"]) for a in trail["attempts"]] == [(1, "CRASHED"), (2, "SUCCEEDED")]
     reruns = {finished_runs.rerun["mlflow_run_id"], finished_runs.drifted_rerun["mlflow_run_id"]}
     assert sorted(trail["reruns"]) == sorted(reruns)
@@ -110,8 +125,11 @@ def test_audit_of_a_rerun_with_drift_allowed_shows_the_override(finished_runs: F
     drifted = finished_runs.drifted_rerun
     text, trail = audit(finished_runs, drifted["run_id"])  # by trainflow run id this time
     assert trail["mlflow_run_id"] == drifted["mlflow_run_id"]
-    assert trail["rerun"] == {"rerun_of": finished_runs.original["mlflow_run_id"], "rerun_drift": "true",
-                              "rerun_allow_drift": "true"}
+    assert trail["rerun"] == {
+        "rerun_of": finished_runs.original["mlflow_run_id"],
+        "rerun_drift": "true",
+        "rerun_allow_drift": "true",
+    }
     assert any(PROBE in line for line in trail["drift"]), trail["drift"]
     assert trail["origin"]["launched_via"] == "cli"
     assert f"rerun of {finished_runs.original['mlflow_run_id']}: drift true, --allow-drift given" in text

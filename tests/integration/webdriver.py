@@ -22,8 +22,16 @@ from trainflow.backends.ports import free_port
 
 CHROMIUM_PACKAGES = ["chromium", "chromium-driver"]
 CHROMIUM_ARGS = [
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic", "--window-size=1400,1800",
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+    "--window-size=1400,1800",
 ]
 ELEMENT = "element-6066-11e4-a52e-4f735466cecf"  # the W3C key of an element reference
 
@@ -40,7 +48,10 @@ def ensure_chromium(log: Path) -> str | None:
         return "chromium and chromium-driver are not installed (apt-get install chromium chromium-driver, as root)"
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     with open(log, "ab") as out:
-        for command in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends", *CHROMIUM_PACKAGES]):
+        for command in (
+            ["apt-get", "update"],
+            ["apt-get", "install", "-y", "--no-install-recommends", *CHROMIUM_PACKAGES],
+        ):
             subprocess.run(command, env=env, stdout=out, stderr=subprocess.STDOUT, check=True, timeout=600)
     return None
 
@@ -54,7 +65,9 @@ class Browser:
         self._log = open(log, "ab")
         self.driver = subprocess.Popen(
             ["chromedriver", f"--port={self.port}", "--allowed-ips=127.0.0.1"],
-            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         self.base = f"http://127.0.0.1:{self.port}"
         self._wait_for_driver()
@@ -105,7 +118,8 @@ class Browser:
                    const found = [...document.querySelectorAll(css)].filter(
                      e => e.getClientRects().length && (text === null || e.textContent.trim() === text));
                    return found.length ? found[found.length - 1] : null;""",
-                css, text,
+                css,
+                text,
             )
             if element:
                 return element

@@ -9,8 +9,14 @@ import copy
 from trainflow.backends.kubernetes.cluster import ClusterError
 
 PLURALS = {
-    "Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "Secret": "secrets",
-    "ResourceQuota": "resourcequotas", "Job": "jobs", "JobSet": "jobsets", "PyTorchJob": "pytorchjobs",
+    "Pod": "pods",
+    "Service": "services",
+    "ConfigMap": "configmaps",
+    "Secret": "secrets",
+    "ResourceQuota": "resourcequotas",
+    "Job": "jobs",
+    "JobSet": "jobsets",
+    "PyTorchJob": "pytorchjobs",
     "LocalQueue": "localqueues",
 }
 BUILT_IN_APIS = {("v1", k) for k in ("Pod", "Service", "ConfigMap", "Secret", "ResourceQuota")} | {("batch/v1", "Job")}
@@ -59,7 +65,8 @@ class FakeCluster:
     def list(self, api_version, kind, namespace, selector):
         self._call("list", api_version, kind)
         return [
-            copy.deepcopy(doc) for (k, ns, _), doc in sorted(self.objects.items())
+            copy.deepcopy(doc)
+            for (k, ns, _), doc in sorted(self.objects.items())
             if k == kind and ns == namespace and matches((doc.get("metadata") or {}).get("labels") or {}, selector)
         ]
 
@@ -107,9 +114,14 @@ class FakeCluster:
     def add_local_queue(self, name: str, namespace: str = "trainflow") -> dict:
         """A LocalQueue in the newest Kueue API this cluster serves."""
         api_version = next(api for api, _ in (KUEUE_V1BETA2, KUEUE_V1BETA1) if (api, "LocalQueue") in self.apis)
-        return self.add({"apiVersion": api_version, "kind": "LocalQueue",
-                         "metadata": {"name": name, "namespace": namespace},
-                         "spec": {"clusterQueue": "trainflow"}})
+        return self.add(
+            {
+                "apiVersion": api_version,
+                "kind": "LocalQueue",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"clusterQueue": "trainflow"},
+            }
+        )
 
     def of_kind(self, kind: str) -> list[dict]:
         return [doc for (k, _, _), doc in sorted(self.objects.items()) if k == kind]
@@ -130,7 +142,10 @@ class FakeCluster:
                             "name": f"{doc['metadata']['name']}-{node}-pod",
                             "namespace": doc["metadata"]["namespace"],
                             "creationTimestamp": "2025-06-01T10:00:00Z",
-                            "labels": {**template["metadata"]["labels"], "fake/owner": f"{kind}/{doc['metadata']['name']}"},
+                            "labels": {
+                                **template["metadata"]["labels"],
+                                "fake/owner": f"{kind}/{doc['metadata']['name']}",
+                            },
                             "annotations": {},
                         },
                         "spec": copy.deepcopy(template["spec"]),

@@ -77,7 +77,11 @@ def running(node: int = 0, **kw) -> dict:
 
 def succeeded(node: int = 0, **kw) -> dict:
     terminated = {"exitCode": 0, "reason": "Completed", "startedAt": STARTED, "finishedAt": FINISHED}
-    status = {"phase": "Succeeded", "conditions": _conditions(), "containerStatuses": [_container({"terminated": terminated})]}
+    status = {
+        "phase": "Succeeded",
+        "conditions": _conditions(),
+        "containerStatuses": [_container({"terminated": terminated})],
+    }
     return pod(node, status, **kw)
 
 
@@ -85,7 +89,11 @@ def exited(node: int = 0, code: int = 1, reason: str = "Error", message: str | N
     terminated = {"exitCode": code, "reason": reason, "startedAt": STARTED, "finishedAt": FINISHED}
     if message:
         terminated["message"] = message
-    status = {"phase": "Failed", "conditions": _conditions(), "containerStatuses": [_container({"terminated": terminated})]}
+    status = {
+        "phase": "Failed",
+        "conditions": _conditions(),
+        "containerStatuses": [_container({"terminated": terminated})],
+    }
     return pod(node, status, **kw)
 
 
@@ -106,8 +114,11 @@ def evicted(node: int = 0, **kw) -> dict:
         "finishedAt": FINISHED,
     }
     disruption = {
-        "type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
-        "message": message, "lastTransitionTime": FINISHED,
+        "type": "DisruptionTarget",
+        "status": "True",
+        "reason": "TerminationByKubelet",
+        "message": message,
+        "lastTransitionTime": FINISHED,
     }
     status = {
         "phase": "Failed",
@@ -128,8 +139,11 @@ def disrupted(node: int = 0, reason: str = "PreemptionByScheduler", ended: bool 
         "DeletionByPodGC": "PodGC: node no longer exists",
     }
     disruption = {
-        "type": "DisruptionTarget", "status": "True", "reason": reason,
-        "message": messages.get(reason, reason), "lastTransitionTime": FINISHED,
+        "type": "DisruptionTarget",
+        "status": "True",
+        "reason": reason,
+        "message": messages.get(reason, reason),
+        "lastTransitionTime": FINISHED,
     }
     if ended:
         terminated = {"exitCode": 143, "reason": "Error", "startedAt": STARTED, "finishedAt": FINISHED}
@@ -162,7 +176,7 @@ PULL_DENIED = (
 )
 PULL_TIMEOUT = (
     f'rpc error: code = Unknown desc = failed to pull and unpack image "{IMAGE}": failed to copy: httpReadSeeker: '
-    "failed open: failed to do request: Get \"https://registry.example.com/v2/...\": dial tcp 10.0.0.5:443: i/o timeout"
+    'failed open: failed to do request: Get "https://registry.example.com/v2/...": dial tcp 10.0.0.5:443: i/o timeout'
 )
 BACKOFF = f'Back-off pulling image "{IMAGE}"'
 
@@ -181,7 +195,10 @@ def config_error(node: int = 0, **kw) -> dict:
 
 def unschedulable(node: int = 0, **kw) -> dict:
     scheduled = {
-        "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "lastTransitionTime": STARTED,
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "lastTransitionTime": STARTED,
         "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available: "
         "3 No preemption victims found for incoming pod.",
     }

@@ -38,20 +38,33 @@ EXAMPLE = ROOT / "examples" / "specs" / "digits-kubernetes.yaml"
 
 pytestmark = [
     pytest.mark.kubernetes,
-    pytest.mark.skipif(not KUBECONFIG or not Path(KUBECONFIG).expanduser().exists(),
-                       reason="needs a live cluster: set KUBECONFIG"),
+    pytest.mark.skipif(
+        not KUBECONFIG or not Path(KUBECONFIG).expanduser().exists(), reason="needs a live cluster: set KUBECONFIG"
+    ),
 ]
 
 
 def spec_with(*overrides: str):
-    return load_spec(EXAMPLE, [f"kubernetes.namespace={NAMESPACE}", "kubernetes.s3_secret=null",
-                               "kubernetes.service_account=null", "kubernetes.status_host=10.0.0.1", *overrides])
+    return load_spec(
+        EXAMPLE,
+        [
+            f"kubernetes.namespace={NAMESPACE}",
+            "kubernetes.s3_secret=null",
+            "kubernetes.service_account=null",
+            "kubernetes.status_host=10.0.0.1",
+            *overrides,
+        ],
+    )
 
 
 def labelled_leftovers(cluster: KubeCluster, run_id: str) -> list[str]:
     selector = RunNames(run_id).selector()
     kinds = [("v1", "Pod"), ("v1", "Service"), ("v1", "Secret"), ("batch/v1", "Job")]
-    return [f"{kind}/{doc['metadata']['name']}" for api, kind in kinds for doc in cluster.list(api, kind, NAMESPACE, selector)]
+    return [
+        f"{kind}/{doc['metadata']['name']}"
+        for api, kind in kinds
+        for doc in cluster.list(api, kind, NAMESPACE, selector)
+    ]
 
 
 def not_looked_up(repository: str, tag: str) -> str:
@@ -92,21 +105,43 @@ def test_an_image_that_does_not_exist_is_a_user_error(tmp_path):
     assert labelled_leftovers(cluster, run_id) == []
 
 
-LIFECYCLE_ENV = ("TRAINFLOW_K8S_IMAGE", "TRAINFLOW_K8S_CHECKPOINT_URI", "TRAINFLOW_K8S_S3_SECRET", "TRAINFLOW_STATUS_HOST")
+LIFECYCLE_ENV = (
+    "TRAINFLOW_K8S_IMAGE",
+    "TRAINFLOW_K8S_CHECKPOINT_URI",
+    "TRAINFLOW_K8S_S3_SECRET",
+    "TRAINFLOW_STATUS_HOST",
+)
 
 
 @pytest.mark.skipif(not all(os.environ.get(v) for v in LIFECYCLE_ENV), reason=f"needs {', '.join(LIFECYCLE_ENV)}")
 def test_the_whole_lifecycle_on_the_cluster(tmp_path):
-    env = dict(os.environ, TRAINFLOW_HOME=str(tmp_path / "home"), PREFECT_HOME=str(tmp_path / "prefect"),
-               PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    env = dict(
+        os.environ,
+        TRAINFLOW_HOME=str(tmp_path / "home"),
+        PREFECT_HOME=str(tmp_path / "prefect"),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+    )
     command = [
-        sys.executable, "-m", "trainflow.cli", "run", str(EXAMPLE), "--json",
-        "--set", f"kubernetes.namespace={NAMESPACE}",
-        "--set", f"kubernetes.image={os.environ['TRAINFLOW_K8S_IMAGE']}",
-        "--set", f"checkpoint.uri={os.environ['TRAINFLOW_K8S_CHECKPOINT_URI']}",
-        "--set", f"kubernetes.s3_secret={os.environ['TRAINFLOW_K8S_S3_SECRET']}",
-        "--set", "kubernetes.service_account=null",
-        "--set", "workload.steps=60", "--set", "checkpoint.every_steps=20",
+        sys.executable,
+        "-m",
+        "trainflow.cli",
+        "run",
+        str(EXAMPLE),
+        "--json",
+        "--set",
+        f"kubernetes.namespace={NAMESPACE}",
+        "--set",
+        f"kubernetes.image={os.environ['TRAINFLOW_K8S_IMAGE']}",
+        "--set",
+        f"checkpoint.uri={os.environ['TRAINFLOW_K8S_CHECKPOINT_URI']}",
+        "--set",
+        f"kubernetes.s3_secret={os.environ['TRAINFLOW_K8S_S3_SECRET']}",
+        "--set",
+        "kubernetes.service_account=null",
+        "--set",
+        "workload.steps=60",
+        "--set",
+        "checkpoint.every_steps=20",
     ]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

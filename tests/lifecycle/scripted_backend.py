@@ -12,9 +12,9 @@ from enum import Enum
 from pathlib import Path
 
 from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, NodeExit, RankExit, ReleaseReport
+from trainflow.orchestrator.status import StatusServer
 from trainflow.runtime.reporter import StatusReporter
 from trainflow.spec import RunSpec
-from trainflow.orchestrator.status import StatusServer
 
 
 class End(str, Enum):
@@ -70,8 +70,14 @@ class ScriptedLauncher:
         procs = spec.resources.procs_per_node
         world = spec.world_size
         self.launched_world_sizes.append(world)
-        handle = ScriptedAttempt(attempt=plan.attempt, nodes=spec.resources.nodes, started_at=time.time(),
-                                 logs={}, procs_per_node=procs, slots=list(allocation.slots))
+        handle = ScriptedAttempt(
+            attempt=plan.attempt,
+            nodes=spec.resources.nodes,
+            started_at=time.time(),
+            logs={},
+            procs_per_node=procs,
+            slots=list(allocation.slots),
+        )
         for node in range(handle.nodes):
             log = attempt_dir / f"node-{node}.log"
             log.write_text(f"scripted node {node}, attempt {plan.attempt}\n")
@@ -79,18 +85,27 @@ class ScriptedLauncher:
             handle.done[node] = threading.Event()
             handle.returncodes[node] = None
             ranks = [node * procs + local for local in range(procs)]
-            thread = threading.Thread(target=self._node, args=(spec, plan, act, handle, node, ranks, world),
-                                      name=f"scripted-node-{node}", daemon=True)
+            thread = threading.Thread(
+                target=self._node,
+                args=(spec, plan, act, handle, node, ranks, world),
+                name=f"scripted-node-{node}",
+                daemon=True,
+            )
             self.threads.append(thread)
             thread.start()
         return handle
 
     def _node(self, spec, plan, act, handle: ScriptedAttempt, node, ranks, world) -> None:
-        reporters = {rank: StatusReporter(plan.status_address, plan.status_token,
-                                          {"rank": rank, "node": node, "attempt": plan.attempt,
-                                           "pid": os.getpid() * 1000 + rank},
-                                          heartbeat_interval_s=0.2, orchestrator_timeout_s=60.0)
-                     for rank in ranks}
+        reporters = {
+            rank: StatusReporter(
+                plan.status_address,
+                plan.status_token,
+                {"rank": rank, "node": node, "attempt": plan.attempt, "pid": os.getpid() * 1000 + rank},
+                heartbeat_interval_s=0.2,
+                orchestrator_timeout_s=60.0,
+            )
+            for rank in ranks
+        }
         for reporter in reporters.values():
             reporter.send("started", world_size=world)
         # as a real worker is, by its heartbeats, long before it ends: known to the orchestrator
@@ -100,11 +115,20 @@ class ScriptedLauncher:
         last = spec.workload.steps if act.end == End.finish else act.steps
         for step in range(1, last + 1):
             for reporter in reporters.values():
-                reporter.send("progress", steps=[{"step": step, "step_time_s": 0.01, "t": time.time(),
-                                                  "metrics": {"loss": 1.0 / step}}])
+                reporter.send(
+                    "progress",
+                    steps=[{"step": step, "step_time_s": 0.01, "t": time.time(), "metrics": {"loss": 1.0 / step}}],
+                )
                 if step == act.checkpoint_at and reporter is reporters.get(0):
-                    reporter.send("checkpoint", step=step, prefix=f"{spec.name}/step-{step}", status="failed",
-                                  reason="scripted: nothing was written", bytes=0, stall_s=0.0)
+                    reporter.send(
+                        "checkpoint",
+                        step=step,
+                        prefix=f"{spec.name}/step-{step}",
+                        status="failed",
+                        reason="scripted: nothing was written",
+                        bytes=0,
+                        stall_s=0.0,
+                    )
         # ranks in step (as a collective keeps them): every rank's last step is known to the
         # orchestrator before any of them ends, so an attempt's last step is the act's
         deadline = time.monotonic() + 60
@@ -140,8 +164,16 @@ class ScriptedLauncher:
             ranks = ()
             if code == 1:
                 rank = node * handle.procs_per_node
-                ranks = (RankExit(rank=rank, local_rank=0, exitcode=1, observed_at=time.time(), root_cause=True,
-                                  stderr_tail=(f"RuntimeError: scripted crash at step {act.steps}",)),)
+                ranks = (
+                    RankExit(
+                        rank=rank,
+                        local_rank=0,
+                        exitcode=1,
+                        observed_at=time.time(),
+                        root_cause=True,
+                        stderr_tail=(f"RuntimeError: scripted crash at step {act.steps}",),
+                    ),
+                )
             exits.append(NodeExit(node=node, returncode=code, ranks=ranks))
         return exits
 

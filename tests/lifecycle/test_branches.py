@@ -14,9 +14,9 @@ from flows.lifecycle import training_lifecycle
 from tests.conftest import ROOT
 from tests.lifecycle.scripted_backend import Act, End, ScriptedLauncher
 from trainflow import backends
-from trainflow.spec import RunSpec
 from trainflow.orchestrator.status import StatusServer
 from trainflow.orchestrator.watcher import AttemptWatcher
+from trainflow.spec import RunSpec
 
 STEPS = 12
 
@@ -42,8 +42,12 @@ def run_flow(prefect_harness, tmp_path, monkeypatch):
             "resources": {"nodes": 2, **overrides.pop("resources", {})},
             "checkpoint": {"uri": str(tmp_path / "checkpoints"), "every_steps": 1000},
             "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
-            "fault_tolerance": {"backoff_s": 0, "heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 2.0,
-                                **overrides.pop("fault_tolerance", {})},
+            "fault_tolerance": {
+                "backoff_s": 0,
+                "heartbeat_interval_s": 0.2,
+                "heartbeat_timeout_s": 2.0,
+                **overrides.pop("fault_tolerance", {}),
+            },
         }
         spec = RunSpec.model_validate(fields)
         client = MlflowClient(spec.tracking.uri)
@@ -85,7 +89,10 @@ def test_a_crash_is_retried_and_the_run_succeeds(run_flow):
     assert summary["teardown"]["clean"] and launcher.released == launcher.provisioned
     (run,) = parent_run(client)
     assert run.info.status == "FINISHED"
-    assert sorted(r.data.tags["outcome"] for r in runs_of(client) if "attempt" in r.data.tags) == ["CRASHED", "SUCCEEDED"]
+    assert sorted(r.data.tags["outcome"] for r in runs_of(client) if "attempt" in r.data.tags) == [
+        "CRASHED",
+        "SUCCEEDED",
+    ]
 
 
 def test_the_same_crash_twice_is_a_crash_loop(run_flow):
@@ -107,8 +114,7 @@ def test_an_exit_before_the_first_step_is_the_users_error_and_not_retried(run_fl
 
 
 def test_a_lost_node_that_cannot_come_back_is_left_out_down_to_min_nodes(run_flow):
-    outcome, launcher, _, _ = run_flow([Act(End.silent, steps=6, node=1), Act(End.finish)],
-                                       resources={"min_nodes": 1})
+    outcome, launcher, _, _ = run_flow([Act(End.silent, steps=6, node=1), Act(End.finish)], resources={"min_nodes": 1})
     summary = summary_of(outcome)
     assert outcomes(summary) == ["NODE_LOST", "SUCCEEDED"] and summary["status"] == "succeeded"
     assert launcher.launched_world_sizes == [2, 1]

@@ -12,9 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import pytest
-
 import psutil
+import pytest
 
 from trainflow.backends.slurm.local_cluster import LocalCluster
 from trainflow.worker_config import JOB_ENV
@@ -51,8 +50,9 @@ def queued_jobs(settle_s: float = 60.0) -> list[str]:
     to leave the queue (a job completes asynchronously after its last step)."""
     deadline = time.monotonic() + settle_s
     while True:
-        result = subprocess.run(["squeue", "-h", "-o", "%i %T %j"], capture_output=True, text=True, timeout=30,
-                                check=True)
+        result = subprocess.run(
+            ["squeue", "-h", "-o", "%i %T %j"], capture_output=True, text=True, timeout=30, check=True
+        )
         jobs = [line for line in result.stdout.splitlines() if line.strip()]
         if not jobs or time.monotonic() > deadline:
             return jobs
@@ -89,7 +89,9 @@ def who(proc: psutil.Process) -> str:
     """Enough of a left process to tell which part of the job it was."""
     try:
         parent = proc.parent()
-        return (f"pid {proc.pid} {' '.join(proc.cmdline())!r} job {proc.environ().get('SLURM_JOB_ID')} "
-                f"parent {parent.pid if parent else None} ({parent.name() if parent else '-'})")
+        return (
+            f"pid {proc.pid} {' '.join(proc.cmdline())!r} job {proc.environ().get('SLURM_JOB_ID')} "
+            f"parent {parent.pid if parent else None} ({parent.name() if parent else '-'})"
+        )
     except psutil.Error:
         return f"pid {proc.pid}"

@@ -14,7 +14,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 def test_one_job_step_spans_every_node_each_with_its_own_host_and_address(slurm_cluster):
     result = subprocess.run(
         ["srun", f"--nodes={NODES}", "--ntasks-per-node=1", "sh", "-c", 'echo "$(hostname) $(hostname -i)"'],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     hosts = dict(line.split() for line in result.stdout.splitlines())

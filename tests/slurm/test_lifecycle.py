@@ -16,10 +16,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.slurm, pytest.mark.timeout(60
 
 SPEC = "examples/digits/spec.yaml"
 ON_SLURM = [
-    "--set", "resources.backend=slurm",
-    "--set", "workload.steps=60",
-    "--set", "checkpoint.every_steps=10",
-    "--set", "fault_tolerance.heartbeat_timeout_s=6",
+    "--set",
+    "resources.backend=slurm",
+    "--set",
+    "workload.steps=60",
+    "--set",
+    "checkpoint.every_steps=10",
+    "--set",
+    "fault_tolerance.heartbeat_timeout_s=6",
 ]
 
 
@@ -37,8 +41,11 @@ def jobs_of(cluster, run_id: str | None) -> list[dict[str, str]]:
 
 
 def drill(env, home, fault: str, *extra: str) -> dict:
-    result = run_cli(["drill", SPEC, "--fault", fault, "--at-step", "30", "--no-compare-torchrun", *ON_SLURM,
-                      *extra, "--json"], {**env, "TRAINFLOW_HOME": str(home)}, timeout_s=400)
+    result = run_cli(
+        ["drill", SPEC, "--fault", fault, "--at-step", "30", "--no-compare-torchrun", *ON_SLURM, *extra, "--json"],
+        {**env, "TRAINFLOW_HOME": str(home)},
+        timeout_s=400,
+    )
     report = summary_of(result)
     assert report["injected"], result.stderr[-3000:]
     report["log"] = [line for line in result.stderr.splitlines() if "ended" in line or "node" in line][-12:]
@@ -62,7 +69,9 @@ def test_two_node_job_runs_the_whole_lifecycle_as_one_slurm_job(slurm_env, slurm
 # (kill takes the crash's path with SIGKILL; `trainflow drill --fault kill` passes the same way, and
 # is left out to keep the Slurm tests to a few minutes)
 @pytest.mark.parametrize("fault, detected", [("crash", "CRASHED"), ("hang", "HUNG"), ("preempt", "PREEMPTED")])
-def test_process_faults_and_preemption_are_recovered_with_exact_resume(slurm_env, slurm_cluster, drill_home, fault, detected):
+def test_process_faults_and_preemption_are_recovered_with_exact_resume(
+    slurm_env, slurm_cluster, drill_home, fault, detected
+):
     report = drill(slurm_env, drill_home, fault)
     assert report["outcomes"] == [detected, "SUCCEEDED"], report
     assert report["params_match_baseline"] is True, report
@@ -92,8 +101,9 @@ def last_run_jobs(cluster) -> list[dict[str, str]]:
 
 
 def hostnames(nodelist: str) -> list[str]:
-    return subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                          check=True, timeout=30).stdout.split()
+    return subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True, timeout=30
+    ).stdout.split()
 
 
 def test_time_limit_warning_preempts_with_an_emergency_checkpoint_and_the_run_resumes(slurm_env, slurm_cluster):
@@ -102,15 +112,30 @@ def test_time_limit_warning_preempts_with_an_emergency_checkpoint_and_the_run_re
     # at worst), which is still training (0.5 s steps: 300 cannot finish in time), and leaves the
     # emergency checkpoint 40 s; later attempts train at full speed, done well before their warning.
     # Only the run's own checkpoints (every_steps above the run) are the emergency one and the last.
-    result = run_cli(["run", SPEC, *ON_SLURM,
-                      "--set", "workload.entrypoint=tests/integration/workloads/slow_first_attempt.py",
-                      "--set", "workload.args=[--first-attempt-step-s, '0.5']",
-                      "--set", "workload.steps=300",
-                      "--set", "checkpoint.every_steps=1000",
-                      "--set", "checkpoint.keep_last=100",
-                      "--set", "slurm.time_limit='2'",
-                      "--set", "slurm.warn_before_limit_s=40",
-                      "--json"], slurm_env, timeout_s=400)
+    result = run_cli(
+        [
+            "run",
+            SPEC,
+            *ON_SLURM,
+            "--set",
+            "workload.entrypoint=tests/integration/workloads/slow_first_attempt.py",
+            "--set",
+            "workload.args=[--first-attempt-step-s, '0.5']",
+            "--set",
+            "workload.steps=300",
+            "--set",
+            "checkpoint.every_steps=1000",
+            "--set",
+            "checkpoint.keep_last=100",
+            "--set",
+            "slurm.time_limit='2'",
+            "--set",
+            "slurm.warn_before_limit_s=40",
+            "--json",
+        ],
+        slurm_env,
+        timeout_s=400,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     summary = summary_of(result)
     assert [a["outcome"] for a in summary["attempts"]] == ["PREEMPTED", "SUCCEEDED"], summary["attempts"]
@@ -123,8 +148,10 @@ def test_time_limit_warning_preempts_with_an_emergency_checkpoint_and_the_run_re
     assert emergency and emergency[0]["verified"], summary["checkpoints"]
     assert summary["status"] == "succeeded" and summary["final_step"] == 300
     jobs = jobs_of(slurm_cluster, summary["run_id"])
-    print(f"time-limit warning: {warned['reason']}; first job {jobs[0]['StartTime']} to {jobs[0]['EndTime']}, "
-          f"second {jobs[1]['StartTime']} to {jobs[1]['EndTime']}")
+    print(
+        f"time-limit warning: {warned['reason']}; first job {jobs[0]['StartTime']} to {jobs[0]['EndTime']}, "
+        f"second {jobs[1]['StartTime']} to {jobs[1]['EndTime']}"
+    )
     assert [j["TimeLimit"] for j in jobs] == ["2", "2"], jobs
     # the first job ended after its save, before the limit: Slurm did not have to time it out
     assert jobs[0]["JobState"] != "TIMEOUT" and jobs[1]["JobState"] == "COMPLETED", jobs

@@ -20,9 +20,24 @@ def test_an_agent_stopped_by_sigterm_exits_143_and_ends_its_worker(tmp_path):
     script = tmp_path / "sleepy.py"
     script.write_text(f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n")
     agent = subprocess.Popen(
-        [sys.executable, "-m", "trainflow.backends.agent", "--standalone", "--nproc-per-node", "1",
-         "--monitor-interval", "0.1", "--log-dir", str(tmp_path / "logs"), str(script)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "trainflow.backends.agent",
+            "--standalone",
+            "--nproc-per-node",
+            "1",
+            "--monitor-interval",
+            "0.1",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            str(script),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 120

@@ -9,9 +9,18 @@ from trainflow.orchestrator.failures import Decision
 
 
 def attempt(number: int, outcome: Outcome, last_step: int, reason: str, resumed: int = 0) -> AttemptResult:
-    return AttemptResult(attempt=number, outcome=outcome, reason=reason, world_size=2, resumed_from_step=resumed,
-                         last_step=last_step, started_at=100.0 * number, ended_at=100.0 * number + 10,
-                         detected_at=100.0 * number + 10, failed_at=None)
+    return AttemptResult(
+        attempt=number,
+        outcome=outcome,
+        reason=reason,
+        world_size=2,
+        resumed_from_step=resumed,
+        last_step=last_step,
+        started_at=100.0 * number,
+        ended_at=100.0 * number + 10,
+        detected_at=100.0 * number + 10,
+        failed_at=None,
+    )
 
 
 def test_a_failed_attempt_is_a_failed_state_with_its_outcome_and_reason():
@@ -36,6 +45,8 @@ def test_classify_names_the_branch_after_a_failed_attempt():
 def test_the_flow_message_counts_the_failed_attempts():
     crashed = attempt(1, Outcome.CRASHED, 30, "rank 1 exited with code 3")
     summary = summary_of([crashed, attempt(2, Outcome.SUCCEEDED, 60, "finished", resumed=20)])
-    assert failed_attempts(summary) == "; 1 of 2 attempts failed: attempt 1 CRASHED at step 30 (rank 1 exited with code 3)"
+    assert (
+        failed_attempts(summary) == "; 1 of 2 attempts failed: attempt 1 CRASHED at step 30 (rank 1 exited with code 3)"
+    )
     assert failed_attempts(summary.as_json_dict()) == failed_attempts(summary)
     assert failed_attempts(summary_of([attempt(1, Outcome.SUCCEEDED, 60, "finished")])) == ""

@@ -3,23 +3,26 @@ SQLite store written the way the lifecycle writes it."""
 
 from __future__ import annotations
 
-import time
-
 import getpass
 import socket
+import time
 
 import pytest
 from typer.testing import CliRunner
 
+from trainflow.cli import app
 from trainflow.reporting.audit import AuditError, add_events, launched_via, origin_tags, read_trail, without_credentials
 from trainflow.reporting.audit_render import render_trail
-from trainflow.cli import app
 from trainflow.reporting.tracking import Tracker
 
 
 def test_origin_says_deployment_cli_or_flow():
-    assert origin_tags("train") == {"launched_via": "deployment", "prefect_deployment": "train",
-                                    "launched_by_user": getpass.getuser(), "launched_from_host": socket.gethostname()}
+    assert origin_tags("train") == {
+        "launched_via": "deployment",
+        "prefect_deployment": "train",
+        "launched_by_user": getpass.getuser(),
+        "launched_from_host": socket.gethostname(),
+    }
     assert origin_tags(None)["launched_via"] == "flow"
     with launched_via("cli"):
         assert origin_tags(None)["launched_via"] == "cli"
@@ -36,21 +39,39 @@ def test_uris_lose_their_credentials():
 def store(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = Tracker(uri)
-    original = tracker.start_run("exp", "orig", {"trainflow.run_id": "orig-1", "spec_hash": "s" * 64, "team": "vision",
-                                                 **origin_tags("train")})
+    original = tracker.start_run(
+        "exp", "orig", {"trainflow.run_id": "orig-1", "spec_hash": "s" * 64, "team": "vision", **origin_tags("train")}
+    )
     tracker.log_params(original, {"checkpoint_uri": "https://key:secret@minio:9000/ckpt", "world_size": 2})
     for attempt, outcome in [(1, "CRASHED"), (2, "SUCCEEDED")]:
-        child = tracker.start_run("exp", f"orig-1-attempt-{attempt}",
-                                  {"trainflow.run_id": "orig-1", "attempt": str(attempt), "outcome": outcome,
-                                   "reason": "rank 1 exited 3" if outcome == "CRASHED" else "finished"}, parent=original)
+        child = tracker.start_run(
+            "exp",
+            f"orig-1-attempt-{attempt}",
+            {
+                "trainflow.run_id": "orig-1",
+                "attempt": str(attempt),
+                "outcome": outcome,
+                "reason": "rank 1 exited 3" if outcome == "CRASHED" else "finished",
+            },
+            parent=original,
+        )
         tracker.log_params(child, {"world_size": 2, "resumed_from_step": 5 * (attempt - 1)})
         tracker.log_metrics(child, [("last_step", 7 if attempt == 1 else 10, 0, time.time())])
     with launched_via("cli"):
-        rerun = tracker.start_run("exp", "again", {"trainflow.run_id": "again-1", "rerun_of": original,
-                                                   "rerun_drift": "true", "rerun_allow_drift": "true",
-                                                   **origin_tags(None)})
-    tracker.log_json(rerun, ["environment: package x 1.0 is installed here but was not in the recorded run"],
-                     "rerun/drift.json")
+        rerun = tracker.start_run(
+            "exp",
+            "again",
+            {
+                "trainflow.run_id": "again-1",
+                "rerun_of": original,
+                "rerun_drift": "true",
+                "rerun_allow_drift": "true",
+                **origin_tags(None),
+            },
+        )
+    tracker.log_json(
+        rerun, ["environment: package x 1.0 is installed here but was not in the recorded run"], "rerun/drift.json"
+    )
     return uri, original, rerun
 
 
@@ -60,7 +81,9 @@ def test_the_trail_of_a_deployment_run_and_its_rerun(store):
     assert trail.origin["launched_via"] == "deployment" and trail.origin["prefect_deployment"] == "train"
     assert trail.identity["spec_hash"] == "s" * 64 and trail.team == "vision"
     assert [(a.attempt, a.outcome, a.resumed_from_step, a.last_step) for a in trail.attempts] == [
-        (1, "CRASHED", 0, 7), (2, "SUCCEEDED", 5, 10)]
+        (1, "CRASHED", 0, 7),
+        (2, "SUCCEEDED", 5, 10),
+    ]
     assert trail.reruns == [rerun]
     assert trail.params["checkpoint_uri"] == "https://minio:9000/ckpt"
     add_events(trail, None)
@@ -87,12 +110,27 @@ def test_events_print_task_names_and_trainflows_own_payloads_whole():
     from trainflow.reporting.audit import AuditTrail, EventTrail
 
     reason = "rank 1 exited with code 3: " + "x" * 300
-    trail = AuditTrail(mlflow_run_id="m", run_id="r", experiment="e", mlflow_status="FINISHED", started_at=0,
-                       ended_at=None, origin={}, identity={}, rerun={}, drift=[], reruns=[], owner="", team="",
-                       params={}, attempts=[], events=[
-                           EventTrail("t1", "prefect.task-run.Failed", "watch-attempt-1", {"state": "y" * 400}),
-                           EventTrail("t2", "trainflow.attempt.failed", "trainflow.run.r", {"reason": reason}),
-                       ])
+    trail = AuditTrail(
+        mlflow_run_id="m",
+        run_id="r",
+        experiment="e",
+        mlflow_status="FINISHED",
+        started_at=0,
+        ended_at=None,
+        origin={},
+        identity={},
+        rerun={},
+        drift=[],
+        reruns=[],
+        owner="",
+        team="",
+        params={},
+        attempts=[],
+        events=[
+            EventTrail("t1", "prefect.task-run.Failed", "watch-attempt-1", {"state": "y" * 400}),
+            EventTrail("t2", "trainflow.attempt.failed", "trainflow.run.r", {"reason": reason}),
+        ],
+    )
     lines = render_trail(trail).splitlines()
     [task] = [line for line in lines if "prefect.task-run.Failed" in line]
     assert "watch-attempt-1" in task and task.endswith("...")

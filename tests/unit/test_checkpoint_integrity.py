@@ -78,7 +78,10 @@ def test_metadata_naming_anything_else_is_refused(saved, payload):
     with pytest.raises(UnsafeMetadata):
         load_metadata(folder / ".metadata")
     with pytest.raises(CheckpointException, match="never needs"):
-        dcp.load({"half": torch.zeros(2, dtype=torch.bfloat16)}, storage_reader=SafeFileSystemReader(folder, names_in(folder)))
+        dcp.load(
+            {"half": torch.zeros(2, dtype=torch.bfloat16)},
+            storage_reader=SafeFileSystemReader(folder, names_in(folder)),
+        )
 
 
 def test_own_files_are_the_ranks_shards_and_the_coordinators_metadata(saved):
@@ -88,8 +91,9 @@ def test_own_files_are_the_ranks_shards_and_the_coordinators_metadata(saved):
 
 
 def manifest_with(name: str, size: int = 1, sha: str = "0" * 64) -> str:
-    raw = Manifest(step=1, world_size=1, spec_hash="s", code_version="c", run_id="r",
-                   files=(FileEntry("ok", 1, "0" * 64),)).to_json()
+    raw = Manifest(
+        step=1, world_size=1, spec_hash="s", code_version="c", run_id="r", files=(FileEntry("ok", 1, "0" * 64),)
+    ).to_json()
     data = json.loads(raw)
     data["files"] = [{"name": name, "size": size, "sha256": sha}]
     return json.dumps(data)
@@ -110,8 +114,14 @@ def test_manifest_sizes_and_digests_are_checked(size, sha):
 def test_verify_a_subset(tmp_path):
     for name in ("a", "b", "c"):
         (tmp_path / name).write_bytes(name.encode() * 1000)
-    manifest = Manifest(step=1, world_size=1, spec_hash="s", code_version="c", run_id="r",
-                        files=tuple(describe_file(tmp_path / n) for n in ("a", "b", "c")))
+    manifest = Manifest(
+        step=1,
+        world_size=1,
+        spec_hash="s",
+        code_version="c",
+        run_id="r",
+        files=tuple(describe_file(tmp_path / n) for n in ("a", "b", "c")),
+    )
     (tmp_path / "c").write_bytes(b"x" * 1000)
     assert verify_files(manifest, tmp_path) == ["c: sha256 mismatch"]
     assert verify_files(manifest, tmp_path, names={"a", "b"}) == []

@@ -33,8 +33,15 @@ def save(tier: LocalTier, step: int, save_id: str = "a1-1", commit: bool = True,
     theirs = entry("__1_0.distcp", b"one" * 10)  # written on another node
     if commit:
         files = tuple(sorted([*(entry(n, d) for n, d in mine.items()), theirs], key=lambda e: e.name))
-        manifest = Manifest(step=step, world_size=2, spec_hash="s" * 64, code_version="c", run_id="run-a",
-                            files=files, committed_at=at if at is not None else float(step))
+        manifest = Manifest(
+            step=step,
+            world_size=2,
+            spec_hash="s" * 64,
+            code_version="c",
+            run_id="run-a",
+            files=files,
+            committed_at=at if at is not None else float(step),
+        )
         tier.commit(prefix, manifest)
     return prefix
 
@@ -112,7 +119,9 @@ def test_the_newest_state_only_on_the_nodes_is_moved_out_of_the_scratch_not_dele
         save(tier, 50, commit=False)  # a save that never committed is not state anyone can load
     kept = keep_newer_local_checkpoints(scratch, "run-a", durable_step=30, destination=tmp_path / "kept")
     assert sorted(Path(p).relative_to(tmp_path / "kept").as_posix() for p in kept) == [
-        "node-0/step-00000040-a1-1", "node-1/step-00000040-a1-1"]
+        "node-0/step-00000040-a1-1",
+        "node-1/step-00000040-a1-1",
+    ]
     assert all((Path(p) / MANIFEST_NAME).is_file() for p in kept)
     assert [h.step for h in tiers[0].committed("run-a")] == [30]  # moved, not copied
 
@@ -122,4 +131,5 @@ def test_nothing_is_kept_once_the_newest_local_state_is_durable(tmp_path):
     save(LocalTier(scratch / "node-0" / "checkpoints"), 40)
     assert keep_newer_local_checkpoints(scratch, "run-a", durable_step=40, destination=tmp_path / "kept") == []
     assert newer_local_checkpoints(scratch, "run-a", durable_step=None) == [
-        scratch / "node-0" / "checkpoints" / "run-a" / "step-00000040-a1-1"]
+        scratch / "node-0" / "checkpoints" / "run-a" / "step-00000040-a1-1"
+    ]

@@ -29,8 +29,13 @@ def commit(store: LocalStorage, run_id: str, step: int) -> str:
     prefix = checkpoint_prefix(run_id, step)
     store.put_if_absent(f"{prefix}/model.bin", DATA)
     manifest = Manifest(
-        step=step, world_size=2, spec_hash="s" * 64, code_version="abc", run_id=run_id,
-        files=(FileEntry("model.bin", len(DATA), "0" * 64),), committed_at=float(step),
+        step=step,
+        world_size=2,
+        spec_hash="s" * 64,
+        code_version="abc",
+        run_id=run_id,
+        files=(FileEntry("model.bin", len(DATA), "0" * 64),),
+        committed_at=float(step),
     )
     store.put_if_absent(f"{prefix}/{MANIFEST_NAME}", manifest.to_json().encode())
     return prefix

@@ -38,8 +38,9 @@ def _net() -> nn.Module:
     return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
-def _wrap(state: tuple[dict, dict] | None, bucket_cap_mb: float | None
-          ) -> tuple[DistributedDataParallel, torch.optim.Optimizer]:
+def _wrap(
+    state: tuple[dict, dict] | None, bucket_cap_mb: float | None
+) -> tuple[DistributedDataParallel, torch.optim.Optimizer]:
     module = _net()
     if state is not None:
         module.load_state_dict(state[0])
@@ -54,11 +55,17 @@ def _train(rank: int, port: int, results) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     generator = torch.Generator().manual_seed(100 + rank)
-    batches = [(torch.randn(16, 64, generator=generator), torch.randint(0, 10, (16,), generator=generator))
-               for _ in range(STEPS)]
+    batches = [
+        (torch.randn(16, 64, generator=generator), torch.randint(0, 10, (16,), generator=generator))
+        for _ in range(STEPS)
+    ]
     # (name, trainflow's BucketOrder, restart at RESTART_AT, replay the order into the new DDP)
-    runs = [("uninterrupted", True, False, False), ("restarted", True, True, True),
-            ("restarted without the order", True, True, False), ("plain", False, False, False)]
+    runs = [
+        ("uninterrupted", True, False, False),
+        ("restarted", True, True, True),
+        ("restarted without the order", True, True, False),
+        ("plain", False, False, False),
+    ]
     for (name, ordered, restart, replay), cap in itertools.product(runs, BUCKET_CAPS_MB):
         name = f"{name} {cap}"
         model, optimizer = _wrap(None, cap)

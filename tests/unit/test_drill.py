@@ -13,15 +13,30 @@ BASELINE = {"params_sha256": "aa" * 32, "mlflow_run_id": "base"}
 
 
 def attempt(n: int, outcome: str, last_step: int, resumed_from: int, lost: int = 0) -> dict:
-    return {"attempt": n, "outcome": outcome, "last_step": last_step, "resumed_from_step": resumed_from,
-            "ended_at": 10.0 * n, "detected_at": 10.0 * n - 1, "recovery_s": 1.0, "lost_steps": lost}
+    return {
+        "attempt": n,
+        "outcome": outcome,
+        "last_step": last_step,
+        "resumed_from_step": resumed_from,
+        "ended_at": 10.0 * n,
+        "detected_at": 10.0 * n - 1,
+        "recovery_s": 1.0,
+        "lost_steps": lost,
+    }
 
 
-def summary(attempts: list[dict], injected_step: int = 70, params: str = "aa" * 32, checkpoints=(),
-            status: str = "succeeded") -> dict:
-    return {"status": status, "attempts": attempts, "params_sha256": params, "final_step": 200,
-            "checkpoints": list(checkpoints), "reason": "why",
-            "faults": [{"injected": True, "injected_at": 5.0, "target": "rank 1", "detail": {"step": injected_step}}]}
+def summary(
+    attempts: list[dict], injected_step: int = 70, params: str = "aa" * 32, checkpoints=(), status: str = "succeeded"
+) -> dict:
+    return {
+        "status": status,
+        "attempts": attempts,
+        "params_sha256": params,
+        "final_step": 200,
+        "checkpoints": list(checkpoints),
+        "reason": "why",
+        "faults": [{"injected": True, "injected_at": 5.0, "target": "rank 1", "detail": {"step": injected_step}}],
+    }
 
 
 def verdict(kind: str, run: dict, every_steps: int = 50, **plan) -> dict:
@@ -34,7 +49,9 @@ def test_one_fault_detected_as_itself_then_success_passes():
 
 
 def test_an_extra_failed_attempt_fails_the_drill():
-    run = summary([attempt(1, "CRASHED", 70, 0, 20), attempt(2, "CRASHED", 200, 50, 0), attempt(3, "SUCCEEDED", 200, 200)])
+    run = summary(
+        [attempt(1, "CRASHED", 70, 0, 20), attempt(2, "CRASHED", 200, 50, 0), attempt(3, "SUCCEEDED", 200, 200)]
+    )
     report = verdict("crash", run)
     assert report["passed"] is False
     assert any("attempts were ['CRASHED', 'CRASHED', 'SUCCEEDED']" in rule for rule in report["broken_rules"])
@@ -47,13 +64,18 @@ def test_the_wrong_detected_kind_fails_the_drill():
 
 
 def test_more_lost_steps_than_the_checkpoint_interval_fail_the_drill():
-    committed = [{"step": 50, "uri": "s3://b/p/step-00000050", "verified": True, "committed_at": 4.0},
-                 {"step": 60, "uri": "s3://b/p/step-00000060", "verified": True, "committed_at": 6.0}]  # after
-    report = verdict("crash", summary([attempt(1, "CRASHED", 72, 0, 72), attempt(2, "SUCCEEDED", 200, 0)],
-                                      checkpoints=committed))
+    committed = [
+        {"step": 50, "uri": "s3://b/p/step-00000050", "verified": True, "committed_at": 4.0},
+        {"step": 60, "uri": "s3://b/p/step-00000060", "verified": True, "committed_at": 6.0},
+    ]  # after
+    report = verdict(
+        "crash", summary([attempt(1, "CRASHED", 72, 0, 72), attempt(2, "SUCCEEDED", 200, 0)], checkpoints=committed)
+    )
     assert "lost 72 steps, more than 70" in report["broken_rules"]  # 50, plus 20 steps of a save in flight
-    assert any("older than the newest checkpoint committed before the fault (step 50)" in rule
-               for rule in report["broken_rules"])
+    assert any(
+        "older than the newest checkpoint committed before the fault (step 50)" in rule
+        for rule in report["broken_rules"]
+    )
 
 
 def test_a_preemption_must_lose_nothing():
@@ -62,8 +84,9 @@ def test_a_preemption_must_lose_nothing():
 
 
 def test_a_fault_injected_late_fails_the_drill():
-    report = verdict("crash", summary([attempt(1, "CRASHED", 90, 0, 40), attempt(2, "SUCCEEDED", 200, 50)],
-                                      injected_step=90))
+    report = verdict(
+        "crash", summary([attempt(1, "CRASHED", 90, 0, 40), attempt(2, "SUCCEEDED", 200, 50)], injected_step=90)
+    )
     assert "injected at step 90, not at 70 (+-1)" in report["broken_rules"]
 
 
@@ -82,8 +105,10 @@ def test_a_straggler_is_detected_without_a_failed_attempt():
 
 
 def test_a_failed_baseline_still_gives_a_report_that_fails():
-    report = baseline_failed_report(FaultPlan(kind=FaultKind.crash, at_step=30),
-                                    {"status": "failed", "reason": "rank 0 raised ValueError", "teardown": {"clean": True}})
+    report = baseline_failed_report(
+        FaultPlan(kind=FaultKind.crash, at_step=30),
+        {"status": "failed", "reason": "rank 0 raised ValueError", "teardown": {"clean": True}},
+    )
     assert report["passed"] is False and "baseline failed" in report["broken_rules"][0]
 
 
@@ -98,8 +123,10 @@ def test_at_the_gate_the_save_before_the_faults_own_is_committed_and_must_be_res
     older = gated_fault(summary([attempt(1, "CRASHED", 30, 0, 20), attempt(2, "SUCCEEDED", 60, 10)]), at_gate=True)
     report = drill_report(FaultPlan(kind="crash", at_step=30), older, BASELINE, None, True, 10)
     assert report["newest_checkpoint_before_fault"] == 20
-    assert "resumed from step 10, older than the newest checkpoint committed before the fault (step 20)" \
+    assert (
+        "resumed from step 10, older than the newest checkpoint committed before the fault (step 20)"
         in report["broken_rules"]
+    )
     assert "lost 20 steps, more than 10" in report["broken_rules"]
     newest = gated_fault(summary([attempt(1, "CRASHED", 30, 0, 10), attempt(2, "SUCCEEDED", 60, 20)]), at_gate=True)
     assert drill_report(FaultPlan(kind="crash", at_step=30), newest, BASELINE, None, True, 10)["passed"] is True
@@ -115,18 +142,28 @@ def test_a_rank_seen_at_a_checkpoint_step_may_still_be_finishing_the_save_before
 
 
 def on_backend(backend: str) -> RunSpec:
-    fields = {"name": "refusal", "workload": {"entrypoint": "examples/digits/train.py", "steps": 100},
-              "resources": {"backend": backend, "nodes": 2}, "checkpoint": {"uri": "s3://bucket/refusal"}}
+    fields = {
+        "name": "refusal",
+        "workload": {"entrypoint": "examples/digits/train.py", "steps": 100},
+        "resources": {"backend": backend, "nodes": 2},
+        "checkpoint": {"uri": "s3://bucket/refusal"},
+    }
     if backend == "kubernetes":
         fields["kubernetes"] = {"image": "registry.example/trainflow:1"}
     return RunSpec.model_validate(fields)
 
 
-@pytest.mark.parametrize(("kind", "inability"), [
-    (FaultKind.crash, "the kubernetes backend cannot signal a rank's process (it does not implement SignalsRanks)"),
-    (FaultKind.preempt, "the kubernetes backend cannot preempt a node (it does not implement PreemptsNodes)"),
-    (FaultKind.node_loss, "the kubernetes backend cannot cut a node off the network (it does not implement CutsNodes)"),
-])
+@pytest.mark.parametrize(
+    ("kind", "inability"),
+    [
+        (FaultKind.crash, "the kubernetes backend cannot signal a rank's process (it does not implement SignalsRanks)"),
+        (FaultKind.preempt, "the kubernetes backend cannot preempt a node (it does not implement PreemptsNodes)"),
+        (
+            FaultKind.node_loss,
+            "the kubernetes backend cannot cut a node off the network (it does not implement CutsNodes)",
+        ),
+    ],
+)
 def test_a_fault_the_backend_cannot_inject_is_refused_naming_its_missing_ability(kind, inability):
     with pytest.raises(SpecError) as refused:
         check_plan(on_backend("kubernetes"), FaultPlan(kind=kind, at_step=30))
@@ -144,15 +181,21 @@ def plain_spec(**plain) -> RunSpec:
     return spec.model_copy(update={"workload": workload})
 
 
-@pytest.mark.parametrize(("plan", "refusal"), [
-    (FaultPlan(kind="crash", at_step=30), "--at-s: a plain script reports no steps"),
-    (FaultPlan(kind="hang", at_s=5), "--fault hang: a plain script reports no progress"),
-    (FaultPlan(kind="straggler", at_s=5), "--fault straggler: a plain script reports no step times"),
-    (FaultPlan(kind="node-loss", at_s=5), "--fault node-loss: a plain script sends no heartbeats"),
-    (FaultPlan(kind="storage-outage", at_s=5), "--fault storage-outage: a plain script's ranks never use"),
-    (FaultPlan(kind="corrupt-checkpoint", at_s=5), "--fault corrupt-checkpoint: a plain script's checkpoints are "
-                                                   "copied only with workload.plain.checkpoint_dir"),
-])
+@pytest.mark.parametrize(
+    ("plan", "refusal"),
+    [
+        (FaultPlan(kind="crash", at_step=30), "--at-s: a plain script reports no steps"),
+        (FaultPlan(kind="hang", at_s=5), "--fault hang: a plain script reports no progress"),
+        (FaultPlan(kind="straggler", at_s=5), "--fault straggler: a plain script reports no step times"),
+        (FaultPlan(kind="node-loss", at_s=5), "--fault node-loss: a plain script sends no heartbeats"),
+        (FaultPlan(kind="storage-outage", at_s=5), "--fault storage-outage: a plain script's ranks never use"),
+        (
+            FaultPlan(kind="corrupt-checkpoint", at_s=5),
+            "--fault corrupt-checkpoint: a plain script's checkpoints are "
+            "copied only with workload.plain.checkpoint_dir",
+        ),
+    ],
+)
 def test_a_fault_that_cannot_go_into_a_plain_script_is_refused(plan, refusal):
     with pytest.raises(SpecError, match="^" + refusal.replace(".", r"\.")):
         check_plan(plain_spec(), plan)
@@ -167,13 +210,22 @@ def test_plain_faults_at_a_time_are_accepted_and_a_time_is_refused_for_a_runtime
 
 
 def plain_run(resumed_from: str | None, damaged: str = "") -> dict:
-    copies = [{"step": n, "uri": f"s3://b/p/run/step-0000000{n}", "verified": True, "committed_at": float(n)}
-              for n in (1, 2, 3)]  # copy 3 is committed after the fault (at 2.5)
+    copies = [
+        {"step": n, "uri": f"s3://b/p/run/step-0000000{n}", "verified": True, "committed_at": float(n)}
+        for n in (1, 2, 3)
+    ]  # copy 3 is committed after the fault (at 2.5)
     first = {**attempt(1, "KILLED", 0, 0), "resumed_from": None}
     second = {**attempt(2, "SUCCEEDED", 0, 0), "resumed_from": resumed_from}
-    return {"status": "succeeded", "attempts": [first, second], "params_sha256": None, "checkpoints": copies,
-            "reason": "every rank exited 0", "faults": [{"injected": True, "injected_at": 2.5, "target": "rank 1",
-                                                        "detail": {"at_s": 4.0, "damaged": damaged}}]}
+    return {
+        "status": "succeeded",
+        "attempts": [first, second],
+        "params_sha256": None,
+        "checkpoints": copies,
+        "reason": "every rank exited 0",
+        "faults": [
+            {"injected": True, "injected_at": 2.5, "target": "rank 1", "detail": {"at_s": 4.0, "damaged": damaged}}
+        ],
+    }
 
 
 def test_a_plain_drill_passes_resuming_from_the_newest_copy_before_the_fault_and_not_from_a_damaged_one():

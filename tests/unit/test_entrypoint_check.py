@@ -8,15 +8,18 @@ import pytest
 from trainflow.entrypoint_check import compile_problem, imports_runtime
 
 
-@pytest.mark.parametrize("source", [
-    "import trainflow.runtime as tf\n",
-    "import trainflow.runtime\n",
-    "from trainflow import runtime\n",
-    "from trainflow.runtime import init\n",
-    "from trainflow.runtime.checkpointing import save\n",
-    "def main():\n    import trainflow.runtime as tf\n    return tf\n",
-    "try:\n    from trainflow import runtime as tf\nexcept ImportError:\n    tf = None\n",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import trainflow.runtime as tf\n",
+        "import trainflow.runtime\n",
+        "from trainflow import runtime\n",
+        "from trainflow.runtime import init\n",
+        "from trainflow.runtime.checkpointing import save\n",
+        "def main():\n    import trainflow.runtime as tf\n    return tf\n",
+        "try:\n    from trainflow import runtime as tf\nexcept ImportError:\n    tf = None\n",
+    ],
+)
 def test_every_way_of_importing_the_runtime_counts(tmp_path, source):
     script = tmp_path / "train.py"
     script.write_text(source)
@@ -37,12 +40,15 @@ def test_a_script_of_the_standard_library_and_torch_alone_never_imports_it(tmp_p
     assert imports_runtime(tmp_path / "train.py") is False
 
 
-@pytest.mark.parametrize("source", [
-    "import importlib\ntf = importlib.import_module('trainflow.runtime')\n",
-    "tf = __import__('trainflow.runtime')\n",
-    "import runpy\nrunpy.run_module('mine')\n",
-    "import a_module_installed_only_on_the_workers\n",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import importlib\ntf = importlib.import_module('trainflow.runtime')\n",
+        "tf = __import__('trainflow.runtime')\n",
+        "import runpy\nrunpy.run_module('mine')\n",
+        "import a_module_installed_only_on_the_workers\n",
+    ],
+)
 def test_what_reading_cannot_tell_is_left_undecided(tmp_path, source):
     script = tmp_path / "train.py"
     script.write_text(source)

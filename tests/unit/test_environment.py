@@ -143,23 +143,30 @@ def test_a_script_outside_any_repository_has_none(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
     assert environment.workload_repo(script).tags() == {
-        "workload_git_repo": "none", "workload_git_commit": "none", "workload_git_dirty": "none"}
+        "workload_git_repo": "none",
+        "workload_git_commit": "none",
+        "workload_git_dirty": "none",
+    }
 
 
 def test_a_script_in_its_own_repository_records_that_repositorys_commit(tmp_path):
     import subprocess
 
     def git(*args):
-        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@x", *args],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@x", *args],
+            check=True,
+            capture_output=True,
+        )
 
     git("init", "-q")
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
     git("add", "train.py")
     git("commit", "-qm", "a training script")
-    commit = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True,
-                            text=True, check=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     repo = environment.workload_repo(script)
     assert (repo.root, repo.git_commit, repo.git_dirty) == (str(tmp_path.resolve()), commit, "false")
     script.write_text("print('changed')\n")

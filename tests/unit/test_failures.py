@@ -6,9 +6,9 @@ import pytest
 
 from trainflow.backends.base import NodeExit, RankExit
 from trainflow.orchestrator.failures import AttemptResult, Outcome, PlainWindow, classify_exit, decide, exception_line
+from trainflow.orchestrator.status import AttemptStatus
 from trainflow.runtime.reporter import EXIT_ORCHESTRATOR_LOST
 from trainflow.spec import FaultTolerance
-from trainflow.orchestrator.status import AttemptStatus
 
 
 def policy(max_restarts: int = 3, **overrides) -> FaultTolerance:
@@ -125,10 +125,19 @@ def test_same_outcome_with_progress_is_not_a_crash_loop():
 # --- classify_exit ----------------------------------------------------------------------------------
 
 
-def status(finished: dict | None = None, errors: list[dict] | None = None, stepped: bool = True,
-           finished_ranks: set[int] | None = None) -> AttemptStatus:
-    return AttemptStatus(attempt=1, finished=finished, errors=errors or [], first_step_at=1.0 if stepped else None,
-                         finished_ranks=finished_ranks or set())
+def status(
+    finished: dict | None = None,
+    errors: list[dict] | None = None,
+    stepped: bool = True,
+    finished_ranks: set[int] | None = None,
+) -> AttemptStatus:
+    return AttemptStatus(
+        attempt=1,
+        finished=finished,
+        errors=errors or [],
+        first_step_at=1.0 if stepped else None,
+        finished_ranks=finished_ranks or set(),
+    )
 
 
 def test_all_zero_and_finished_is_success():
@@ -145,11 +154,14 @@ def test_a_sigterm_after_every_rank_finished_is_still_a_success():
     assert "finished at step 60" in reason and "SIGTERM" in reason and "0, 1" in reason
 
 
-@pytest.mark.parametrize("exits, finished_ranks", [
-    ([NodeExit(0, 128 + 15), NodeExit(1, 1)], {0, 1}),  # a node that failed on its own
-    ([NodeExit(0, 128 + 15, ranks=(RankExit(1, 0, 1, root_cause=True),))], {0, 1}),  # a rank that did
-    ([NodeExit(0, 128 + 15), NodeExit(1, 0)], {0}),  # a rank that never finished
-])
+@pytest.mark.parametrize(
+    "exits, finished_ranks",
+    [
+        ([NodeExit(0, 128 + 15), NodeExit(1, 1)], {0, 1}),  # a node that failed on its own
+        ([NodeExit(0, 128 + 15, ranks=(RankExit(1, 0, 1, root_cause=True),))], {0, 1}),  # a rank that did
+        ([NodeExit(0, 128 + 15), NodeExit(1, 0)], {0}),  # a rank that never finished
+    ],
+)
 def test_a_sigterm_is_no_success_unless_every_rank_finished_and_none_failed(exits, finished_ranks):
     outcome, _ = classify_exit(exits, status(finished={"step": 60}, finished_ranks=finished_ranks), world_size=2)
     assert outcome != Outcome.SUCCEEDED
@@ -241,10 +253,12 @@ def test_a_segfault_whose_node_mate_reports_a_peer_error_is_a_crash_of_that_rank
         {"rank": 0, "node": 0, "type": "DistBackendError", "step": 72, "message": PEER, "t": 100.3},
     ]
     exits = [
-        NodeExit(0, 1, ranks=(RankExit(0, 0, 1, observed_at=100.0, root_cause=True),
-                              RankExit(1, 1, -15, observed_at=100.0))),
-        NodeExit(1, 1, ranks=(RankExit(3, 1, -11, observed_at=100.0, root_cause=True),
-                              RankExit(2, 0, 1, observed_at=100.0))),
+        NodeExit(
+            0, 1, ranks=(RankExit(0, 0, 1, observed_at=100.0, root_cause=True), RankExit(1, 1, -15, observed_at=100.0))
+        ),
+        NodeExit(
+            1, 1, ranks=(RankExit(3, 1, -11, observed_at=100.0, root_cause=True), RankExit(2, 0, 1, observed_at=100.0))
+        ),
     ]
     outcome, reason = classify_exit(exits, status(errors=errors), world_size=4)
     assert outcome == Outcome.CRASHED
@@ -252,8 +266,11 @@ def test_a_segfault_whose_node_mate_reports_a_peer_error_is_a_crash_of_that_rank
 
 
 def test_a_rank_killed_by_its_own_agent_is_not_the_cause():
-    exits = [NodeExit(0, 1, ranks=(RankExit(1, 1, -15, observed_at=5.0), RankExit(0, 0, 3, observed_at=5.0,
-                                                                                     root_cause=True)))]
+    exits = [
+        NodeExit(
+            0, 1, ranks=(RankExit(1, 1, -15, observed_at=5.0), RankExit(0, 0, 3, observed_at=5.0, root_cause=True))
+        )
+    ]
     outcome, reason = classify_exit(exits, status(), world_size=2)
     assert outcome == Outcome.CRASHED and "rank 0" in reason and "code 3" in reason
 
@@ -267,10 +284,29 @@ def test_only_peer_errors_are_a_communication_failure():
 
 def test_a_plain_scripts_error_is_the_cause_though_its_peer_exited_first_quoting_the_lost_connection():
     # no runtime error reports: only the ranks' exits and stderr; rank 0 noticed rank 1's end first
-    exits = [NodeExit(0, 1, ranks=(RankExit(0, 0, 1, observed_at=20.0, root_cause=True,
-                                            stderr_tail=(f"[rank0]: RuntimeError: {PEER}",)),)),
-             NodeExit(1, 1, ranks=(RankExit(1, 0, 1, observed_at=21.0, root_cause=True,
-                                            stderr_tail=("RuntimeError: the data folder /data/shard-1 is empty",)),))]
+    exits = [
+        NodeExit(
+            0,
+            1,
+            ranks=(
+                RankExit(0, 0, 1, observed_at=20.0, root_cause=True, stderr_tail=(f"[rank0]: RuntimeError: {PEER}",)),
+            ),
+        ),
+        NodeExit(
+            1,
+            1,
+            ranks=(
+                RankExit(
+                    1,
+                    0,
+                    1,
+                    observed_at=21.0,
+                    root_cause=True,
+                    stderr_tail=("RuntimeError: the data folder /data/shard-1 is empty",),
+                ),
+            ),
+        ),
+    ]
     outcome, reason = classify_exit(exits, status(), world_size=2, plain=True)
     assert outcome == Outcome.USER_ERROR
     assert "rank 1 on node 1" in reason and "the data folder /data/shard-1 is empty" in reason
@@ -281,21 +317,27 @@ def test_a_plain_scripts_error_is_the_cause_though_its_peer_exited_first_quoting
 
 def test_an_exception_reported_before_a_signal_death_is_the_cause():
     errors = [{"rank": 1, "node": 1, "type": "ValueError", "step": 4, "message": "bad batch", "t": 50.5}]
-    exits = [NodeExit(0, 1, ranks=(RankExit(0, 0, -11, observed_at=52.0, root_cause=True),)),
-             NodeExit(1, 1, ranks=(RankExit(1, 0, 1, observed_at=51.0, root_cause=True),))]
+    exits = [
+        NodeExit(0, 1, ranks=(RankExit(0, 0, -11, observed_at=52.0, root_cause=True),)),
+        NodeExit(1, 1, ranks=(RankExit(1, 0, 1, observed_at=51.0, root_cause=True),)),
+    ]
     outcome, reason = classify_exit(exits, status(errors=errors), world_size=2)
     assert outcome == Outcome.USER_ERROR and "bad batch" in reason
 
 
 # --- a script error at start-up ----------------------------------------------------------------------
 
-ARGPARSE_TAIL = ("usage: train.py [-h] [--lr LR] [--hidden HIDDEN]",
-                 "train.py: error: argument --hidden: invalid int value: 'notanumber'")
+ARGPARSE_TAIL = (
+    "usage: train.py [-h] [--lr LR] [--hidden HIDDEN]",
+    "train.py: error: argument --hidden: invalid int value: 'notanumber'",
+)
 
 
 def test_a_nonzero_exit_before_the_first_step_is_a_user_error_quoting_stderr():
-    exits = [NodeExit(0, 2, ranks=(RankExit(0, 0, 2, observed_at=3.0, root_cause=True, stderr_tail=ARGPARSE_TAIL),)),
-             NodeExit(1, 2, ranks=(RankExit(1, 0, 2, observed_at=3.0, root_cause=True, stderr_tail=ARGPARSE_TAIL),))]
+    exits = [
+        NodeExit(0, 2, ranks=(RankExit(0, 0, 2, observed_at=3.0, root_cause=True, stderr_tail=ARGPARSE_TAIL),)),
+        NodeExit(1, 2, ranks=(RankExit(1, 0, 2, observed_at=3.0, root_cause=True, stderr_tail=ARGPARSE_TAIL),)),
+    ]
     outcome, reason = classify_exit(exits, status(stepped=False), world_size=2)
     assert outcome == Outcome.USER_ERROR
     assert "before its first step" in reason
@@ -313,7 +355,9 @@ def test_a_signal_before_the_first_step_is_still_a_crash():
 
 def test_success_needs_every_ranks_finished_report():
     exits = [NodeExit(0, 0), NodeExit(1, 0)]
-    assert classify_exit(exits, status(finished={"step": 9}, finished_ranks={0, 1}), world_size=2)[0] == Outcome.SUCCEEDED
+    assert (
+        classify_exit(exits, status(finished={"step": 9}, finished_ranks={0, 1}), world_size=2)[0] == Outcome.SUCCEEDED
+    )
     outcome, reason = classify_exit(exits, status(finished={"step": 9}, finished_ranks={0}), world_size=2)
     assert outcome == Outcome.USER_ERROR and "without finishing" in reason
 
@@ -327,8 +371,11 @@ def test_a_plain_script_succeeds_when_every_rank_exits_0():
 
 
 def test_a_plain_script_that_raises_quotes_its_exception():
-    tail = ("Traceback (most recent call last):", '  File "train.py", line 9, in <module>',
-            "RuntimeError: the data folder /data/x is empty")
+    tail = (
+        "Traceback (most recent call last):",
+        '  File "train.py", line 9, in <module>',
+        "RuntimeError: the data folder /data/x is empty",
+    )
     exits = [NodeExit(0, 1, ranks=(RankExit(1, 1, 1, observed_at=3.0, root_cause=True, stderr_tail=tail),))]
     outcome, reason = classify_exit(exits, status(stepped=False), world_size=2, plain=True)
     assert outcome == Outcome.USER_ERROR
@@ -382,8 +429,10 @@ def test_a_ranks_stderr_tail_leaves_out_torchs_info_lines(tmp_path):
         "[rank3]:[I1201 10:20:16.162133755 reducer.cpp:1228] Reducer: comm-optimized memory allocator not found\n"
         "train.py: error: argument --hidden: invalid int value: 'notanumber'\n\n"
     )
-    assert stderr_tail(tmp_path, 1) == ["usage: train.py [-h]",
-                                        "train.py: error: argument --hidden: invalid int value: 'notanumber'"]
+    assert stderr_tail(tmp_path, 1) == [
+        "usage: train.py [-h]",
+        "train.py: error: argument --hidden: invalid int value: 'notanumber'",
+    ]
     assert stderr_tail(tmp_path, 0) == []
 
 
@@ -405,13 +454,16 @@ TRACEBACK = (
 def test_the_reason_is_the_exception_line_never_a_warnings_source_line():
     assert exception_line(WARNED_THEN_DIED) == ""
     assert exception_line((*WARNED_THEN_DIED, *TRACEBACK)) == "ValueError: ckpt.pt holds no 'model'"
-    assert exception_line(("usage: train.py [-h]", "train.py: error: argument --lr: invalid float value: 'x'")) \
+    assert (
+        exception_line(("usage: train.py [-h]", "train.py: error: argument --lr: invalid float value: 'x'"))
         == "train.py: error: argument --lr: invalid float value: 'x'"
+    )
 
 
 def test_a_plain_exit_after_the_start_up_window_is_a_crash_and_within_it_the_users():
-    exits = [NodeExit(0, 1, ranks=(RankExit(0, 0, 1, observed_at=100.0, root_cause=True,
-                                            stderr_tail=(*WARNED_THEN_DIED,)),))]
+    exits = [
+        NodeExit(0, 1, ranks=(RankExit(0, 0, 1, observed_at=100.0, root_cause=True, stderr_tail=(*WARNED_THEN_DIED,)),))
+    ]
     outcome, reason = classify_exit(exits, status(), world_size=2, plain=True, window=PlainWindow(40.0, 30.0))
     assert outcome == Outcome.CRASHED and reason == "rank 0 on node 0 exited with code 1 60s after launch"
     outcome, reason = classify_exit(exits, status(), world_size=2, plain=True, window=PlainWindow(90.0, 30.0))
@@ -425,8 +477,23 @@ def test_a_plain_rank_killed_by_a_signal_is_killed_naming_it():
 
 
 def test_the_exception_line_of_torchruns_error_file_when_stderr_has_none():
-    exits = [NodeExit(0, 1, ranks=(RankExit(0, 0, 1, observed_at=100.0, root_cause=True, stderr_tail=WARNED_THEN_DIED,
-                                            error_line="OSError: out/ckpt.pt: disk full"),))]
+    exits = [
+        NodeExit(
+            0,
+            1,
+            ranks=(
+                RankExit(
+                    0,
+                    0,
+                    1,
+                    observed_at=100.0,
+                    root_cause=True,
+                    stderr_tail=WARNED_THEN_DIED,
+                    error_line="OSError: out/ckpt.pt: disk full",
+                ),
+            ),
+        )
+    ]
     _, reason = classify_exit(exits, status(), world_size=2, plain=True, window=PlainWindow(40.0, 30.0))
     assert reason.endswith(": OSError: out/ckpt.pt: disk full")
 
@@ -440,8 +507,15 @@ def test_a_plain_script_failing_twice_from_the_same_copy_is_a_crash_loop_but_not
 
 
 def test_a_plain_node_stopped_by_sigterm_is_preempted_though_its_peer_failed_on_the_lost_connection():
-    exits = [NodeExit(0, 1, ranks=(RankExit(0, 0, 1, observed_at=20.0, root_cause=True,
-                                            stderr_tail=(f"[rank0]: RuntimeError: {PEER}",)),)),
-             NodeExit(1, 143)]
+    exits = [
+        NodeExit(
+            0,
+            1,
+            ranks=(
+                RankExit(0, 0, 1, observed_at=20.0, root_cause=True, stderr_tail=(f"[rank0]: RuntimeError: {PEER}",)),
+            ),
+        ),
+        NodeExit(1, 143),
+    ]
     outcome, reason = classify_exit(exits, status(), world_size=2, plain=True, window=PlainWindow(0.0, 1.0))
     assert outcome == Outcome.PREEMPTED and reason == "node 1 stopped by SIGTERM (reclaimed)"

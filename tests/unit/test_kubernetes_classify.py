@@ -113,8 +113,16 @@ def test_phase_unknown_is_a_lost_node():
 
 def test_node_index_from_completion_index_and_pytorchjob_replicas():
     assert node_index(s.running(3)) == 3
-    master = {"metadata": {"labels": {"training.kubeflow.org/replica-type": "master", "training.kubeflow.org/replica-index": "0"}}}
-    worker = {"metadata": {"labels": {"training.kubeflow.org/replica-type": "worker", "training.kubeflow.org/replica-index": "2"}}}
+    master = {
+        "metadata": {
+            "labels": {"training.kubeflow.org/replica-type": "master", "training.kubeflow.org/replica-index": "0"}
+        }
+    }
+    worker = {
+        "metadata": {
+            "labels": {"training.kubeflow.org/replica-type": "worker", "training.kubeflow.org/replica-index": "2"}
+        }
+    }
     assert (node_index(master), node_index(worker)) == (0, 3)
 
 

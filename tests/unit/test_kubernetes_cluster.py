@@ -16,13 +16,28 @@ from kubernetes import client
 from trainflow.backends.kubernetes.cluster import ClusterError, KubeCluster
 
 VERBS = ["create", "delete", "get", "list"]
-CORE = {"pods": "Pod", "services": "Service", "configmaps": "ConfigMap", "secrets": "Secret", "resourcequotas": "ResourceQuota"}
+CORE = {
+    "pods": "Pod",
+    "services": "Service",
+    "configmaps": "ConfigMap",
+    "secrets": "Secret",
+    "resourcequotas": "ResourceQuota",
+}
 GROUPS = {"batch/v1": {"jobs": "Job"}}
-PATH = re.compile(r"^/(?:api/v1|apis/(?P<gv>[^/]+/[^/]+))/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?P<log>/log)?$")
+PATH = re.compile(
+    r"^/(?:api/v1|apis/(?P<gv>[^/]+/[^/]+))/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?P<log>/log)?$"
+)
 
 
 def status(code: int, reason: str, message: str) -> dict:
-    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "message": message, "code": code}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "reason": reason,
+        "message": message,
+        "code": code,
+    }
 
 
 class ApiServer(BaseHTTPRequestHandler):
@@ -48,15 +63,39 @@ class ApiServer(BaseHTTPRequestHandler):
         discovery = {
             "/version": {"major": "1", "minor": "34", "gitVersion": "v1.34.0"},
             "/api": {"kind": "APIVersions", "versions": ["v1"]},
-            "/apis": {"kind": "APIGroupList", "groups": [
-                {"name": "batch", "versions": [{"groupVersion": "batch/v1", "version": "v1"}],
-                 "preferredVersion": {"groupVersion": "batch/v1", "version": "v1"}}]},
-            "/api/v1": {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
-                {"name": p, "singularName": "", "namespaced": True, "kind": k, "verbs": VERBS} for p, k in CORE.items()
-            ] + [{"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get"]},
-                 {"name": "namespaces", "singularName": "", "namespaced": False, "kind": "Namespace", "verbs": VERBS}]},
-            "/apis/batch/v1": {"kind": "APIResourceList", "groupVersion": "batch/v1", "resources": [
-                {"name": "jobs", "singularName": "", "namespaced": True, "kind": "Job", "verbs": VERBS}]},
+            "/apis": {
+                "kind": "APIGroupList",
+                "groups": [
+                    {
+                        "name": "batch",
+                        "versions": [{"groupVersion": "batch/v1", "version": "v1"}],
+                        "preferredVersion": {"groupVersion": "batch/v1", "version": "v1"},
+                    }
+                ],
+            },
+            "/api/v1": {
+                "kind": "APIResourceList",
+                "groupVersion": "v1",
+                "resources": [
+                    {"name": p, "singularName": "", "namespaced": True, "kind": k, "verbs": VERBS}
+                    for p, k in CORE.items()
+                ]
+                + [
+                    {"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get"]},
+                    {
+                        "name": "namespaces",
+                        "singularName": "",
+                        "namespaced": False,
+                        "kind": "Namespace",
+                        "verbs": VERBS,
+                    },
+                ],
+            },
+            "/apis/batch/v1": {
+                "kind": "APIResourceList",
+                "groupVersion": "batch/v1",
+                "resources": [{"name": "jobs", "singularName": "", "namespaced": True, "kind": "Job", "verbs": VERBS}],
+            },
         }
         if url.path in discovery:
             return self._send(200, discovery[url.path])
@@ -65,7 +104,9 @@ class ApiServer(BaseHTTPRequestHandler):
             if self.forbidden_namespaces:
                 return self._send(403, status(403, "Forbidden", "namespaces is forbidden"))
             if namespace.group(1) in self.namespaces:
-                return self._send(200, {"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": namespace.group(1)}})
+                return self._send(
+                    200, {"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": namespace.group(1)}}
+                )
             return self._send(404, status(404, "NotFound", f'namespaces "{namespace.group(1)}" not found'))
         match = PATH.match(url.path)
         ns, plural, name = match["ns"], match["plural"], match["name"]
@@ -74,11 +115,18 @@ class ApiServer(BaseHTTPRequestHandler):
             return self._send(200, f"last {tail} lines of {name}\n")
         if name:
             found = self.objects.get((plural, ns, name))
-            return self._send(200, found) if found else self._send(404, status(404, "NotFound", f'{plural} "{name}" not found'))
+            return (
+                self._send(200, found)
+                if found
+                else self._send(404, status(404, "NotFound", f'{plural} "{name}" not found'))
+            )
         selector = parse_qs(url.query).get("labelSelector", [""])[0]
         wanted = dict(term.split("=") for term in selector.split(",") if term)
-        items = [doc for (p, n, _), doc in self.objects.items()
-                 if p == plural and n == ns and wanted.items() <= doc["metadata"].get("labels", {}).items()]
+        items = [
+            doc
+            for (p, n, _), doc in self.objects.items()
+            if p == plural and n == ns and wanted.items() <= doc["metadata"].get("labels", {}).items()
+        ]
         return self._send(200, {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items})
 
     def do_POST(self):
@@ -90,7 +138,7 @@ class ApiServer(BaseHTTPRequestHandler):
         if key in self.objects:
             return self._send(409, status(409, "AlreadyExists", f'{match["plural"]} "{key[2]}" already exists'))
         if match["plural"] == "jobs" and "template" not in doc.get("spec", {}):
-            return self._send(422, status(422, "Invalid", "Job.batch \"x\" is invalid: spec.template: Required value"))
+            return self._send(422, status(422, "Invalid", 'Job.batch "x" is invalid: spec.template: Required value'))
         self.objects[key] = doc
         self._send(201, doc)
 
@@ -120,8 +168,12 @@ def api(tmp_path, monkeypatch):
 
 
 def config_map(name: str, **labels: str) -> dict:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "trainflow", "labels": labels},
-            "data": {"node-0.json": "{}"}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": "trainflow", "labels": labels},
+        "data": {"node-0.json": "{}"},
+    }
 
 
 def test_create_list_get_and_delete_in_the_foreground(api):
@@ -132,13 +184,21 @@ def test_create_list_get_and_delete_in_the_foreground(api):
     assert api.get("v1", "ConfigMap", "trainflow", "missing") is None
     assert api.delete("v1", "ConfigMap", "trainflow", "a", grace_s=30) is True
     assert api.delete("v1", "ConfigMap", "trainflow", "a") is False
-    assert ApiServer.deletes[0][2] == {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground",
-                                       "gracePeriodSeconds": 30}
+    assert ApiServer.deletes[0][2] == {
+        "apiVersion": "v1",
+        "kind": "DeleteOptions",
+        "propagationPolicy": "Foreground",
+        "gracePeriodSeconds": 30,
+    }
 
 
 def test_jobs_through_their_api_group(api):
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "trainflow"},
-           "spec": {"template": {"spec": {"containers": []}}}}
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j", "namespace": "trainflow"},
+        "spec": {"template": {"spec": {"containers": []}}},
+    }
     api.create(job)
     assert api.list("batch/v1", "Job", "trainflow", "")[0]["metadata"]["name"] == "j"
     assert api.has_api("batch/v1", "Job") and not api.has_api("jobset.x-k8s.io/v1alpha2", "JobSet")
@@ -153,7 +213,13 @@ def test_errors_say_what_failed(api):
     with pytest.raises(ClusterError, match="spec.template: Required value"):
         api.create(bad_job)
     with pytest.raises(ClusterError, match="no JobSet API"):
-        api.create({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "x", "namespace": "trainflow"}})
+        api.create(
+            {
+                "apiVersion": "jobset.x-k8s.io/v1alpha2",
+                "kind": "JobSet",
+                "metadata": {"name": "x", "namespace": "trainflow"},
+            }
+        )
 
 
 def test_pod_log_asks_for_the_tail(api):

@@ -41,8 +41,14 @@ def test_rbac_is_namespaced_and_least_privilege():
             # existence checks and each attempt's own Secret, by name; never list every secret
             assert rule["resources"] == ["secrets"] and rule["verbs"] == ["get", "create", "delete"]
     binding = docs[("RoleBinding", "trainflow-orchestrator")]
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "trainflow-orchestrator"}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainflow-orchestrator", "namespace": "trainflow"}]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "trainflow-orchestrator",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "trainflow-orchestrator", "namespace": "trainflow"}
+    ]
     assert docs[("ServiceAccount", "trainflow-worker")]["automountServiceAccountToken"] is False
     assert not any(d["kind"].startswith("Cluster") for d in rbac())
 
@@ -120,12 +126,15 @@ def test_dockerfile_builds_from_the_lock_and_the_context_the_tag_hashes():
     dockerfile = (ROOT / DOCKERFILE).read_text()
     assert "COPY requirements.lock" in dockerfile and "pip install $extra -r requirements.lock" in dockerfile
     assert "ARG TORCH_VARIANT=cpu" in dockerfile and "USER 1000" in dockerfile
-    ignored = {line.strip() for line in (INFRA / "Dockerfile.dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")}
+    ignored = {
+        line.strip()
+        for line in (INFRA / "Dockerfile.dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     assert {prefix.rstrip("/") for prefix in CONTEXT_EXCLUDED} <= ignored
 
 
 def test_readme_says_ci_validates_manifests_but_runs_no_cluster():
     readme = (ROOT / "README.md").read_text()
-    section = " ".join(readme[readme.index("## Backends"):readme.index("## Layout")].split())
+    section = " ".join(readme[readme.index("## Backends") : readme.index("## Layout")].split())
     assert "CI validates" in section and "does not run a cluster" in section

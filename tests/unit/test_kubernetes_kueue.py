@@ -20,8 +20,10 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
 def spec_for(*overrides: str):
-    return load_spec(EXAMPLE, ["kubernetes.status_host=10.8.0.4", "kubernetes.image=registry.example.com/ml/trainflow:v1",
-                               *overrides])
+    return load_spec(
+        EXAMPLE,
+        ["kubernetes.status_host=10.8.0.4", "kubernetes.image=registry.example.com/ml/trainflow:v1", *overrides],
+    )
 
 
 def cluster_serving(*kueue_apis) -> FakeCluster:
@@ -32,11 +34,14 @@ def cluster_serving(*kueue_apis) -> FakeCluster:
 
 def launched_job(cluster: FakeCluster, spec, tmp_path) -> tuple[KueueChoice, dict]:
     """(the Kueue choice the allocation holds, the attempt's Job) after provision and launch."""
-    launcher = KubernetesLauncher(cluster, poll_interval_s=0.0, delete_timeout_s=0.0,
-                                  registry=lambda repo, tag: DIGEST, sleep=lambda s: None)
+    launcher = KubernetesLauncher(
+        cluster, poll_interval_s=0.0, delete_timeout_s=0.0, registry=lambda repo, tag: DIGEST, sleep=lambda s: None
+    )
     allocation = launcher.provision(spec, RUN_ID, tmp_path / "run")
     launcher.launch(spec, allocation, AttemptPlan(1, "0.0.0.0:41234", "token", "abc123", None))
-    [job] = [doc for doc in cluster.of_kind("Job") if doc["metadata"]["labels"].get("trainflow.dev/component") == "workers"]
+    [job] = [
+        doc for doc in cluster.of_kind("Job") if doc["metadata"]["labels"].get("trainflow.dev/component") == "workers"
+    ]
     return allocation.kueue, job
 
 
@@ -44,11 +49,14 @@ def kueue_calls(cluster: FakeCluster) -> list[tuple[str, str, str]]:
     return [call for call in cluster.calls if call[2] == "localqueues"]
 
 
-@pytest.mark.parametrize("served, expected", [
-    ((KUEUE_V1BETA2, KUEUE_V1BETA1), "kueue.x-k8s.io/v1beta2"),
-    ((KUEUE_V1BETA2,), "kueue.x-k8s.io/v1beta2"),
-    ((KUEUE_V1BETA1,), "kueue.x-k8s.io/v1beta1"),
-])
+@pytest.mark.parametrize(
+    "served, expected",
+    [
+        ((KUEUE_V1BETA2, KUEUE_V1BETA1), "kueue.x-k8s.io/v1beta2"),
+        ((KUEUE_V1BETA2,), "kueue.x-k8s.io/v1beta2"),
+        ((KUEUE_V1BETA1,), "kueue.x-k8s.io/v1beta1"),
+    ],
+)
 def test_the_newest_served_kueue_api_admits_the_named_queue(tmp_path, served, expected):
     cluster = cluster_serving(*served)
     cluster.add_local_queue("training")
@@ -65,7 +73,8 @@ def test_a_named_queue_on_a_cluster_without_kueue_is_refused(tmp_path):
         KubernetesLauncher(cluster).provision(spec_for("kubernetes.kueue_queue=training"), RUN_ID, tmp_path)
     assert str(info.value) == (
         "kubernetes.kueue_queue: 'training' needs Kueue (kueue.x-k8s.io/v1beta2 or kueue.x-k8s.io/v1beta1), "
-        "which this cluster does not serve; install Kueue or remove kueue_queue")
+        "which this cluster does not serve; install Kueue or remove kueue_queue"
+    )
     assert not cluster.of_kind("Service")  # nothing provisioned
 
 

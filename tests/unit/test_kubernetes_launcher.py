@@ -46,8 +46,10 @@ class Objects:
 
 
 def spec_for(*overrides: str):
-    return load_spec(EXAMPLE, ["kubernetes.status_host=10.8.0.4", "kubernetes.image=registry.example.com/ml/trainflow:v1",
-                               *overrides])
+    return load_spec(
+        EXAMPLE,
+        ["kubernetes.status_host=10.8.0.4", "kubernetes.image=registry.example.com/ml/trainflow:v1", *overrides],
+    )
 
 
 def worker_config_secrets(cluster: FakeCluster) -> list[dict]:
@@ -89,8 +91,11 @@ def test_an_attempt_from_provision_to_release(cluster, tmp_path, api):
 
     handle = launcher.launch(spec, allocation, plan())
     assert allocation.image == {
-        "reference": f"registry.example.com/ml/trainflow@{DIGEST}", "repository": "registry.example.com/ml/trainflow",
-        "tag": "v1", "digest": DIGEST, "built": False,
+        "reference": f"registry.example.com/ml/trainflow@{DIGEST}",
+        "repository": "registry.example.com/ml/trainflow",
+        "tag": "v1",
+        "digest": DIGEST,
+        "built": False,
     }
     assert not cluster.of_kind("ConfigMap")  # the configs hold the status token: a Secret
     [config] = worker_config_secrets(cluster)
@@ -107,7 +112,9 @@ def test_an_attempt_from_provision_to_release(cluster, tmp_path, api):
     assert isinstance(exits[2], PodExit) and exits[2].returncode == 137
     assert pod_outcome(exits)[0] == Outcome.USER_ERROR and launcher.probe(handle, 2) == "gone"
 
-    cluster.logs = {pod["metadata"]["name"]: f"rank output of {pod['metadata']['name']}\n" for pod in cluster.of_kind("Pod")}
+    cluster.logs = {
+        pod["metadata"]["name"]: f"rank output of {pod['metadata']['name']}\n" for pod in cluster.of_kind("Pod")
+    }
     stopped = launcher.stop(handle, grace_s=30)
     assert stopped == 3 and not cluster.of_kind("Pod") and not worker_config_secrets(cluster)
     assert all(grace == 30 for kind, _, grace in cluster.deleted if kind == "Pod")
@@ -150,7 +157,9 @@ def test_release_reports_what_would_not_go(cluster, tmp_path):
     launcher = launcher_on(cluster)
     allocation = launcher.provision(spec, RUN_ID, tmp_path)
     stuck = cluster.delete
-    cluster.delete = lambda api_version, kind, ns, name, grace_s=None: kind != "Service" and stuck(api_version, kind, ns, name, grace_s)
+    cluster.delete = lambda api_version, kind, ns, name, grace_s=None: (
+        kind != "Service" and stuck(api_version, kind, ns, name, grace_s)
+    )
     report = launcher.release(allocation)
     assert not report.clean
     assert report.survivors == [f"Service/{allocation.service} still in namespace trainflow"]
@@ -167,7 +176,10 @@ def provision_error(cluster: FakeCluster, tmp_path: Path, *overrides: str) -> st
 
 def test_missing_namespace_says_how_to_create_it(tmp_path):
     message = provision_error(FakeCluster(namespaces=()), tmp_path)
-    assert "kubernetes.namespace: 'trainflow' does not exist" in message and "kubectl create namespace trainflow" in message
+    assert (
+        "kubernetes.namespace: 'trainflow' does not exist" in message
+        and "kubectl create namespace trainflow" in message
+    )
 
 
 def test_unreadable_namespaces_are_not_an_error(tmp_path):
@@ -177,12 +189,18 @@ def test_unreadable_namespaces_are_not_an_error(tmp_path):
 
 
 def test_quota_that_cannot_fit_the_job_names_the_numbers(cluster, tmp_path):
-    cluster.add({
-        "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "team", "namespace": "trainflow"},
-        "spec": {"hard": {"requests.cpu": "4", "requests.memory": "8Gi", "pods": "10"}},
-        "status": {"hard": {"requests.cpu": "4", "requests.memory": "8Gi", "pods": "10"},
-                   "used": {"requests.cpu": "3500m", "requests.memory": "1Gi", "pods": "1"}},
-    })
+    cluster.add(
+        {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": "team", "namespace": "trainflow"},
+            "spec": {"hard": {"requests.cpu": "4", "requests.memory": "8Gi", "pods": "10"}},
+            "status": {
+                "hard": {"requests.cpu": "4", "requests.memory": "8Gi", "pods": "10"},
+                "used": {"requests.cpu": "3500m", "requests.memory": "1Gi", "pods": "1"},
+            },
+        }
+    )
     message = provision_error(cluster, tmp_path, "resources.nodes=2")
     assert "resourcequota/team: requests.cpu needs 2, 0.5 of 4 left" in message
     assert "memory" not in message  # 4Gi needed, 7Gi left
@@ -204,7 +222,9 @@ def test_launch_api_without_its_crd_suggests_indexed_job(tmp_path, api, kind):
 def test_kueue_queue_without_kueue(tmp_path):
     cluster = FakeCluster()
     secrets(cluster, "trainflow-s3")
-    assert "install Kueue or remove kueue_queue" in provision_error(cluster, tmp_path, "kubernetes.kueue_queue=training")
+    assert "install Kueue or remove kueue_queue" in provision_error(
+        cluster, tmp_path, "kubernetes.kueue_queue=training"
+    )
 
 
 def test_no_status_host_says_where_to_set_it(cluster, tmp_path, monkeypatch):
@@ -270,24 +290,39 @@ def test_pinned_image_the_orchestrator_cannot_look_up_is_left_to_the_kubelet(clu
 
 def kaniko_pod(job_name: str, state: dict) -> dict:
     return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": f"{job_name}-b7x", "namespace": "trainflow", "creationTimestamp": s.STARTED,
-                     "labels": {"trainflow.dev/run": RUN_ID, "trainflow.dev/component": "image-build"}},
-        "status": {"phase": "Succeeded" if "terminated" in state else "Running",
-                   "containerStatuses": [{"name": "kaniko", "state": state}]},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{job_name}-b7x",
+            "namespace": "trainflow",
+            "creationTimestamp": s.STARTED,
+            "labels": {"trainflow.dev/run": RUN_ID, "trainflow.dev/component": "image-build"},
+        },
+        "status": {
+            "phase": "Succeeded" if "terminated" in state else "Running",
+            "containerStatuses": [{"name": "kaniko", "state": state}],
+        },
     }
 
 
 def test_missing_derived_image_is_built_in_the_cluster(cluster, tmp_path):
-    spec = spec_for("kubernetes.image=registry.example.com/ml/trainflow", "kubernetes.registry_secret=trainflow-registry")
+    spec = spec_for(
+        "kubernetes.image=registry.example.com/ml/trainflow", "kubernetes.registry_secret=trainflow-registry"
+    )
     secrets(cluster, "trainflow-registry")
     objects = Objects()
     polls = []
 
     def builder_progress(seconds):
         polls.append(seconds)
-        [job] = [j for j in cluster.of_kind("Job") if j["metadata"]["labels"]["trainflow.dev/component"] == "image-build"]
-        state = {"terminated": {"exitCode": 0, "reason": "Completed", "message": DIGEST + "\n"}} if len(polls) > 1 else {"running": {}}
+        [job] = [
+            j for j in cluster.of_kind("Job") if j["metadata"]["labels"]["trainflow.dev/component"] == "image-build"
+        ]
+        state = (
+            {"terminated": {"exitCode": 0, "reason": "Completed", "message": DIGEST + "\n"}}
+            if len(polls) > 1
+            else {"running": {}}
+        )
         cluster.add(kaniko_pod(job["metadata"]["name"], state))
 
     launcher = launcher_on(cluster, registry=lambda repo, tag: None, objects=objects, sleep=builder_progress)
@@ -333,8 +368,12 @@ def test_the_role_allows_every_call_the_backend_makes_and_nothing_more(tmp_path)
         secrets(cluster, "trainflow-s3", "trainflow-registry")
         cluster.add({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "q", "namespace": "trainflow"}})
         cluster.add_local_queue("training")
-        spec = spec_for(f"kubernetes.launch_api={api}", "kubernetes.image=registry.example.com/ml/trainflow",
-                        "kubernetes.registry_secret=trainflow-registry", "kubernetes.kueue_queue=training")
+        spec = spec_for(
+            f"kubernetes.launch_api={api}",
+            "kubernetes.image=registry.example.com/ml/trainflow",
+            "kubernetes.registry_secret=trainflow-registry",
+            "kubernetes.kueue_queue=training",
+        )
 
         def build_succeeds(seconds, cluster=cluster):
             [job] = cluster.of_kind("Job")
@@ -352,8 +391,13 @@ def test_the_role_allows_every_call_the_backend_makes_and_nothing_more(tmp_path)
     assert namespace_check in calls and not permitted(*namespace_check)  # cluster-scoped: tolerated when denied
     denied = sorted(c for c in calls - {namespace_check} if not permitted(*c))
     assert not denied, f"the backend calls what infra/rbac.yaml does not allow: {denied}"
-    granted = {(verb, group, resource) for r in role_rules() for group in r["apiGroups"]
-               for resource in r["resources"] for verb in r["verbs"]}
+    granted = {
+        (verb, group, resource)
+        for r in role_rules()
+        for group in r["apiGroups"]
+        for resource in r["resources"]
+        for verb in r["verbs"]
+    }
     assert not granted - calls, f"infra/rbac.yaml allows what the backend never calls: {sorted(granted - calls)}"
 
 

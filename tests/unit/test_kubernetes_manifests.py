@@ -47,7 +47,12 @@ def validate(doc: dict) -> None:
 
 
 def as_job(template: dict, name: str) -> dict:
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, **template.get("metadata", {})}, "spec": template["spec"]}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, **template.get("metadata", {})},
+        "spec": template["spec"],
+    }
 
 
 def as_pod_template(template: dict, name: str) -> dict:
@@ -99,9 +104,11 @@ def test_every_manifest_of_an_attempt_validates(nodes, gpu, api):
     validate(service)
     validate(config_map)
     validate_workload(workload)
-    replicas = {"Job": lambda w: w["spec"]["completions"],
-                "JobSet": lambda w: w["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"],
-                "PyTorchJob": lambda w: sum(r["replicas"] for r in w["spec"]["pytorchReplicaSpecs"].values())}
+    replicas = {
+        "Job": lambda w: w["spec"]["completions"],
+        "JobSet": lambda w: w["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"],
+        "PyTorchJob": lambda w: sum(r["replicas"] for r in w["spec"]["pytorchReplicaSpecs"].values()),
+    }
     assert replicas[workload["kind"]](workload) == nodes
     for template in pod_templates(workload):
         container = template["spec"]["containers"][0]
@@ -135,7 +142,12 @@ def test_indexed_job_shape_and_failure_policy():
     spec = spec_for(4, 0, "indexed-job")
     _, job = attempt_manifests(spec, RUN_ID, plan(3), IMAGE)
     body = job["spec"]
-    assert (body["completionMode"], body["parallelism"], body["completions"], body["backoffLimit"]) == ("Indexed", 4, 4, 0)
+    assert (body["completionMode"], body["parallelism"], body["completions"], body["backoffLimit"]) == (
+        "Indexed",
+        4,
+        4,
+        0,
+    )
     rules = body["podFailurePolicy"]["rules"]
     assert len(rules) == len(FAILURE_RULES) and all(rule["action"] == "FailJob" for rule in rules)
     assert rules[0]["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
@@ -182,9 +194,14 @@ def test_each_pod_reads_its_own_worker_config(api):
     assert seen == set(config_secret["stringData"])
 
 
-@pytest.mark.parametrize("api, host", [
-    ("indexed-job", "{job}-0.{svc}"), ("jobset", "{job}-node-0-0.{svc}"), ("pytorchjob", "{job}-master-0"),
-])
+@pytest.mark.parametrize(
+    "api, host",
+    [
+        ("indexed-job", "{job}-0.{svc}"),
+        ("jobset", "{job}-node-0-0.{svc}"),
+        ("pytorchjob", "{job}-master-0"),
+    ],
+)
 def test_rendezvous_is_at_node_zeros_dns_name(api, host):
     spec = spec_for(2, 0, api)
     names = RunNames(RUN_ID)
@@ -249,8 +266,10 @@ def test_secret_env_reaches_the_pods_by_reference_only(api):
     for template in pod_templates(workload):
         env = {item["name"]: item for item in template["spec"]["containers"][0]["env"]}
         for name in values:
-            assert env[name] == {"name": name, "valueFrom": {"secretKeyRef": {
-                "name": config_secret["metadata"]["name"], "key": f"env.{name}"}}}
+            assert env[name] == {
+                "name": name,
+                "valueFrom": {"secretKeyRef": {"name": config_secret["metadata"]["name"], "key": f"env.{name}"}},
+            }
         [volume] = [v for v in template["spec"]["volumes"] if v["name"] == "worker-config"]
         mounted = {item["key"] for item in volume["secret"]["items"]}
         assert mounted and not any(key.startswith("env.") for key in mounted)  # values only as env, not files

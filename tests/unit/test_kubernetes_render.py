@@ -15,7 +15,9 @@ runner = CliRunner()
 
 
 def test_render_writes_the_attempts_manifests(tmp_path):
-    result = runner.invoke(app, ["render", str(EXAMPLE), "-o", str(tmp_path), "--run-id", "digits-k8s-review", "--attempt", "2"])
+    result = runner.invoke(
+        app, ["render", str(EXAMPLE), "-o", str(tmp_path), "--run-id", "digits-k8s-review", "--attempt", "2"]
+    )
     assert result.exit_code == 0, result.output
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["00-service.yaml", "05-image-build-job.yaml", "10-worker-config.yaml", "20-job.yaml"]
@@ -26,13 +28,26 @@ def test_render_writes_the_attempts_manifests(tmp_path):
         assert doc["metadata"]["labels"]["trainflow.dev/run"] == "digits-k8s-review"
     job = yaml.safe_load((tmp_path / "20-job.yaml").read_text())
     assert job["metadata"]["name"] == "digits-k8s-review-a2"
-    assert job["spec"]["template"]["spec"]["containers"][0]["image"].startswith("registry.example.com/ml/trainflow:tf-cpu-")
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"].startswith(
+        "registry.example.com/ml/trainflow:tf-cpu-"
+    )
     assert "placeholders" in (tmp_path / "10-worker-config.yaml").read_text().splitlines()[0]
 
 
 def test_render_with_overrides_picks_the_launch_api(tmp_path):
-    result = runner.invoke(app, ["render", str(EXAMPLE), "-o", str(tmp_path), "--set", "kubernetes.launch_api=jobset",
-                                 "--set", "kubernetes.image=registry.example.com/ml/trainflow:v7"])
+    result = runner.invoke(
+        app,
+        [
+            "render",
+            str(EXAMPLE),
+            "-o",
+            str(tmp_path),
+            "--set",
+            "kubernetes.launch_api=jobset",
+            "--set",
+            "kubernetes.image=registry.example.com/ml/trainflow:v7",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["00-service.yaml", "10-worker-config.yaml", "20-jobset.yaml"]
 
@@ -51,7 +66,9 @@ def test_render_refuses_a_kubernetes_spec_without_s3(tmp_path):
 
 def test_render_writes_placeholders_never_secret_env_values(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf-value-never-rendered")
-    result = runner.invoke(app, ["render", str(EXAMPLE), "-o", str(tmp_path), "--set", "workload.secret_env=[HF_TOKEN]"])
+    result = runner.invoke(
+        app, ["render", str(EXAMPLE), "-o", str(tmp_path), "--set", "workload.secret_env=[HF_TOKEN]"]
+    )
     assert result.exit_code == 0, result.output
     assert not any("hf-value-never-rendered" in path.read_text() for path in tmp_path.iterdir())
     config = yaml.safe_load((tmp_path / "10-worker-config.yaml").read_text())

@@ -24,12 +24,20 @@ def test_the_example_specs_load():
     assert kubernetes_config(load_spec(K8S)).launch_api == LaunchApi.indexed_job
     gpu = load_spec(GPU)
     assert kubernetes_config(gpu).tolerations[0].model_dump(by_alias=True, exclude_none=True) == {
-        "key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        "key": "nvidia.com/gpu",
+        "operator": "Exists",
+        "effect": "NoSchedule",
+    }
 
 
 def test_toleration_seconds_is_written_as_in_kubernetes():
-    spec = load_spec(K8S, ['kubernetes.tolerations=[{key: node.kubernetes.io/unreachable, operator: Exists, '
-                           'effect: NoExecute, tolerationSeconds: 30}]'])
+    spec = load_spec(
+        K8S,
+        [
+            "kubernetes.tolerations=[{key: node.kubernetes.io/unreachable, operator: Exists, "
+            "effect: NoExecute, tolerationSeconds: 30}]"
+        ],
+    )
     assert kubernetes_config(spec).tolerations[0].toleration_seconds == 30
 
 

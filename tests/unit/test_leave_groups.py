@@ -34,9 +34,13 @@ def _train_then_leave_with_the_model_alive(rank: int, port: int, results) -> Non
     kept = leave_groups._final_barriers
     del model  # its Reducer frees the default group now, with the GIL held
     gc.collect()
-    results[rank] = dict(groups=groups, same_control=same_control,
-                         kept=len(kept), completed=all(work.is_completed() for work in kept),
-                         initialized=dist.is_initialized())
+    results[rank] = dict(
+        groups=groups,
+        same_control=same_control,
+        kept=len(kept),
+        completed=all(work.is_completed() for work in kept),
+        initialized=dist.is_initialized(),
+    )
     # and the rank ends through the interpreter's own exit, the barriers' work still kept
 
 

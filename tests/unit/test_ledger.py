@@ -15,9 +15,18 @@ from trainflow.reporting.summary import closing_lines, run_status
 
 def attempt(n, outcome, *, started, ended, detected, failed=None, first_step=None, resumed=0, last=0, totals=None):
     return AttemptResult(
-        attempt=n, outcome=outcome, reason="r", world_size=2, started_at=started, ended_at=ended,
-        detected_at=detected, failed_at=failed, last_step=last, resumed_from_step=resumed,
-        first_step_at=first_step, totals=totals or {},
+        attempt=n,
+        outcome=outcome,
+        reason="r",
+        world_size=2,
+        started_at=started,
+        ended_at=ended,
+        detected_at=detected,
+        failed_at=failed,
+        last_step=last,
+        resumed_from_step=resumed,
+        first_step_at=first_step,
+        totals=totals or {},
     )
 
 
@@ -25,12 +34,29 @@ def crash_then_success() -> list[AttemptResult]:
     """Attempt 1 runs steps 1-45 and crashes; attempt 2 resumes from 40 and runs 41-100: 105 steps
     at 0.2 s each (21 s), checkpoints stalling 0.5 s in all, 10% of step time waiting for data."""
     return [
-        attempt(1, Outcome.CRASHED, started=100.0, ended=112.0, detected=111.0, failed=110.0, first_step=101.0,
-                resumed=0, last=45, totals={"steps": 45, "step_time_s": 9.0, "data_wait_s": 0.9,
-                                            "checkpoint_stall_s": 0.2}),
-        attempt(2, Outcome.SUCCEEDED, started=113.0, ended=130.0, detected=130.0, first_step=115.5,
-                resumed=40, last=100, totals={"steps": 60, "step_time_s": 12.0, "data_wait_s": 1.2,
-                                              "checkpoint_stall_s": 0.3}),
+        attempt(
+            1,
+            Outcome.CRASHED,
+            started=100.0,
+            ended=112.0,
+            detected=111.0,
+            failed=110.0,
+            first_step=101.0,
+            resumed=0,
+            last=45,
+            totals={"steps": 45, "step_time_s": 9.0, "data_wait_s": 0.9, "checkpoint_stall_s": 0.2},
+        ),
+        attempt(
+            2,
+            Outcome.SUCCEEDED,
+            started=113.0,
+            ended=130.0,
+            detected=130.0,
+            first_step=115.5,
+            resumed=40,
+            last=100,
+            totals={"steps": 60, "step_time_s": 12.0, "data_wait_s": 1.2, "checkpoint_stall_s": 0.3},
+        ),
     ]
 
 
@@ -79,8 +105,17 @@ def test_lost_steps_never_negative():
 
 
 def test_goodput_capped_at_one_and_zero_without_steps():
-    fast = [attempt(1, Outcome.SUCCEEDED, started=0.0, ended=1.0, detected=1.0, last=10,
-                    totals={"steps": 10, "step_time_s": 50.0})]
+    fast = [
+        attempt(
+            1,
+            Outcome.SUCCEEDED,
+            started=0.0,
+            ended=1.0,
+            detected=1.0,
+            last=10,
+            totals={"steps": 10, "step_time_s": 50.0},
+        )
+    ]
     assert run_ledger(fast, 1).figures.goodput == 1.0
     plain = [attempt(1, Outcome.CRASHED, started=0.0, ended=5.0, detected=5.0, resumed=20, last=20)]
     figures = run_ledger(plain, 1).figures
@@ -98,25 +133,79 @@ def test_run_status():
 def summary_of(results: list[AttemptResult], **fields) -> RunSummary:
     ledger = run_ledger(results, 2)
     values = dict(
-        status=run_status(results), reason="finished at step 100", run_id="digits-x", mlflow_run_id="f" * 32,
-        tracking_uri="sqlite:////tmp/home/mlflow.db", experiment="digits", prefect_flow_run_id="0-1-2",
-        final_step=100, total_steps=100, final_loss=0.25, params_sha256="ab" * 32, checkpoints=[],
-        snapshots_failed=[], attempts=ledger.attempts, stragglers=[], goodput=ledger.figures.goodput,
-        features_off=[], costs=ledger.figures, diagnosis=[], plots=[],
+        status=run_status(results),
+        reason="finished at step 100",
+        run_id="digits-x",
+        mlflow_run_id="f" * 32,
+        tracking_uri="sqlite:////tmp/home/mlflow.db",
+        experiment="digits",
+        prefect_flow_run_id="0-1-2",
+        final_step=100,
+        total_steps=100,
+        final_loss=0.25,
+        params_sha256="ab" * 32,
+        checkpoints=[],
+        snapshots_failed=[],
+        attempts=ledger.attempts,
+        stragglers=[],
+        goodput=ledger.figures.goodput,
+        features_off=[],
+        costs=ledger.figures,
+        diagnosis=[],
+        plots=[],
     )
     return RunSummary(**{**values, **fields})
 
 
 # the keys `trainflow run --json` printed before the summary was a typed model
 JSON_KEYS = {
-    "status", "reason", "run_id", "mlflow_run_id", "tracking_uri", "experiment", "prefect_flow_run_id", "final_step",
-    "total_steps", "final_loss", "params_sha256", "checkpoints", "snapshots_failed", "attempts", "stragglers",
-    "goodput", "features_off", "costs", "diagnosis", "plots",
+    "status",
+    "reason",
+    "run_id",
+    "mlflow_run_id",
+    "tracking_uri",
+    "experiment",
+    "prefect_flow_run_id",
+    "final_step",
+    "total_steps",
+    "final_loss",
+    "params_sha256",
+    "checkpoints",
+    "snapshots_failed",
+    "attempts",
+    "stragglers",
+    "goodput",
+    "features_off",
+    "costs",
+    "diagnosis",
+    "plots",
 }
-ATTEMPT_KEYS = {"attempt", "outcome", "reason", "world_size", "resumed_from_step", "last_step", "started_at", "ended_at",
-                "detected_at", "detection_latency_s", "recovery_s", "lost_steps"}
-COST_KEYS = {"wall_s", "device_hours", "wasted_device_hours", "recovery_s_total", "lost_work_s",
-             "checkpoint_stall_total_s", "mean_step_time_s", "comm_share", "data_share", "checkpoint_share"}
+ATTEMPT_KEYS = {
+    "attempt",
+    "outcome",
+    "reason",
+    "world_size",
+    "resumed_from_step",
+    "last_step",
+    "started_at",
+    "ended_at",
+    "detected_at",
+    "detection_latency_s",
+    "recovery_s",
+    "lost_steps",
+}
+COST_KEYS = {
+    "wall_s",
+    "device_hours",
+    "wasted_device_hours",
+    "recovery_s_total",
+    "lost_work_s",
+    "checkpoint_stall_total_s",
+    "mean_step_time_s",
+    "comm_share",
+    "data_share",
+    "checkpoint_share",
+}
 
 
 def test_the_json_contract_keeps_every_key_it_had():
@@ -145,8 +234,10 @@ def test_closing_lines_print_commands_that_work(monkeypatch):
     ran = subprocess.run([*shlex.split(program), "ui", "--help"], capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0 and "--backend-store-uri" in ran.stdout, ran.stderr[-2000:]
     assert "  Prefect: http://127.0.0.1:4200/runs/flow-run/0-1-2" in lines
-    assert f"  goodput 66.7% of {seconds(summary['costs']['wall_s'])} wall time (first attempt's start to last " \
-           "attempt's end)" in lines
+    assert (
+        f"  goodput 66.7% of {seconds(summary['costs']['wall_s'])} wall time (first attempt's start to last "
+        "attempt's end)" in lines
+    )
     [temporary] = [line for line in closing_lines(summary, None) if line.startswith("  Prefect: ")]
     assert "temporary server" in temporary and "0-1-2" in temporary
 

@@ -88,8 +88,10 @@ def test_sharding_read_from_the_model_and_contradictions_named(one_rank):
     warnings = layout_warnings(DDP(mlp()), declared)
     assert any(w.startswith("parallel.strategy: fsdp") for w in warnings)
     assert any(w.startswith("parallel.tensor: 2") for w in warnings)
-    assert any(w.startswith("parallel.strategy: ddp") for w in
-               layout_warnings(sharded, ParallelLayout("ddp", 1, 1, 1, ("dp", "tp"), (1, 1), 0)))
+    assert any(
+        w.startswith("parallel.strategy: ddp")
+        for w in layout_warnings(sharded, ParallelLayout("ddp", 1, 1, 1, ("dp", "tp"), (1, 1), 0))
+    )
 
 
 def test_a_hash_of_whole_tensors_refuses_a_shard(one_rank):

@@ -61,7 +61,9 @@ def test_a_removed_folder_is_restored_and_a_damaged_copy_gives_way_to_an_older_o
     out.rmdir()
     restored = restore_newest(storage, newer.prefix, out)
     assert restored.prefix == older.prefix and (out / "ckpt.pt").read_bytes() == b"old"
-    assert restored.rejected == [{"prefix": newer.prefix, "reason": "ckpt.pt: size or sha256 differs from the manifest"}]
+    assert restored.rejected == [
+        {"prefix": newer.prefix, "reason": "ckpt.pt: size or sha256 differs from the manifest"}
+    ]
     assert sorted(os.listdir(out)) == ["ckpt.pt"]  # nothing half downloaded left beside it
     record_restore(storage, "run-1", 2, 0, restored)
     assert read_restores(storage, "run-1", 2)[0]["restored"] == older.prefix

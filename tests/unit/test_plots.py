@@ -9,11 +9,24 @@ import pytest
 from trainflow.contracts import AttemptResult, Outcome, RunSummary, run_ledger
 from trainflow.reporting.plots import picture_titles, render_run_plots
 from trainflow.reporting.plots.data import (
-    DETECTION, LOST, OTHER, PRODUCTIVE, RECOVERY, STALLS, checkpoint_timings, curves_by_attempt,
-    goodput_breakdown, timeline_data,
+    DETECTION,
+    LOST,
+    OTHER,
+    PRODUCTIVE,
+    RECOVERY,
+    STALLS,
+    checkpoint_timings,
+    curves_by_attempt,
+    goodput_breakdown,
+    timeline_data,
 )
 from trainflow.reporting.plots.render import (
-    draw_goodput, draw_timeline, figure_texts, new_figure, render_goodput, render_timeline,
+    draw_goodput,
+    draw_timeline,
+    figure_texts,
+    new_figure,
+    render_goodput,
+    render_timeline,
 )
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -26,21 +39,56 @@ def crash_then_success() -> tuple[dict, dict]:
     and finishes 30 (checkpoints at 20, 25, 30). Retention kept the last three. Steps take 0.1 s;
     the saves at 5, 10, 15, 20 and 25 stalled training 0.02 s each."""
     results = [
-        AttemptResult(attempt=1, outcome=Outcome.CRASHED, reason="rank 1 was killed", world_size=2, started_at=T0,
-                      ended_at=T0 + 6.0, detected_at=T0 + 5.5, failed_at=T0 + 5.2, last_step=17, resumed_from_step=0,
-                      first_step_at=T0 + 3.0, totals={"steps": 17, "step_time_s": 1.7, "checkpoint_stall_s": 0.06}),
-        AttemptResult(attempt=2, outcome=Outcome.SUCCEEDED, reason="finished", world_size=2, started_at=T0 + 7.0,
-                      ended_at=T0 + 20.0, detected_at=T0 + 20.0, failed_at=None, last_step=30, resumed_from_step=15,
-                      first_step_at=T0 + 15.0, totals={"steps": 15, "step_time_s": 1.5, "checkpoint_stall_s": 0.04}),
+        AttemptResult(
+            attempt=1,
+            outcome=Outcome.CRASHED,
+            reason="rank 1 was killed",
+            world_size=2,
+            started_at=T0,
+            ended_at=T0 + 6.0,
+            detected_at=T0 + 5.5,
+            failed_at=T0 + 5.2,
+            last_step=17,
+            resumed_from_step=0,
+            first_step_at=T0 + 3.0,
+            totals={"steps": 17, "step_time_s": 1.7, "checkpoint_stall_s": 0.06},
+        ),
+        AttemptResult(
+            attempt=2,
+            outcome=Outcome.SUCCEEDED,
+            reason="finished",
+            world_size=2,
+            started_at=T0 + 7.0,
+            ended_at=T0 + 20.0,
+            detected_at=T0 + 20.0,
+            failed_at=None,
+            last_step=30,
+            resumed_from_step=15,
+            first_step_at=T0 + 15.0,
+            totals={"steps": 15, "step_time_s": 1.5, "checkpoint_stall_s": 0.04},
+        ),
     ]
     ledger = run_ledger(results, world_size=2)
     summary = RunSummary(
-        status="succeeded", reason="finished", run_id="digits-test-run", mlflow_run_id="0123456789abcdef",
-        tracking_uri="sqlite:///mlflow.db", experiment="digits", prefect_flow_run_id="", final_step=30,
-        total_steps=30, final_loss=0.8, params_sha256=None,
+        status="succeeded",
+        reason="finished",
+        run_id="digits-test-run",
+        mlflow_run_id="0123456789abcdef",
+        tracking_uri="sqlite:///mlflow.db",
+        experiment="digits",
+        prefect_flow_run_id="",
+        final_step=30,
+        total_steps=30,
+        final_loss=0.8,
+        params_sha256=None,
         checkpoints=[{"step": s, "uri": f"/ckpt/step-{s}", "verified": True} for s in (20, 25, 30)],
-        snapshots_failed=[], attempts=ledger.attempts, stragglers=[], goodput=ledger.figures.goodput,
-        features_off=[], costs=ledger.figures, diagnosis=[],
+        snapshots_failed=[],
+        attempts=ledger.attempts,
+        stragglers=[],
+        goodput=ledger.figures.goodput,
+        features_off=[],
+        costs=ledger.figures,
+        diagnosis=[],
     ).as_json_dict()
     # attempt 1 steps at T0+3.0 .. T0+4.6, attempt 2 steps 16-30 from T0+15.0
     steps = [(s, T0 + 3.0 + (s - 1) * STEP_S) for s in range(1, 18)]
@@ -74,7 +122,12 @@ def test_timeline_spans_detection_and_recovery():
 def test_timeline_checkpoints_and_progress():
     timeline = timeline_data(*crash_then_success())
     assert [(c.step, c.kept) for c in timeline.checkpoints] == [
-        (5, False), (10, False), (15, False), (20, True), (25, True), (30, True)
+        (5, False),
+        (10, False),
+        (15, False),
+        (20, True),
+        (25, True),
+        (30, True),
     ]
     assert timeline.checkpoints[0].at_s == pytest.approx(3.0 + 4 * STEP_S + 0.05)
     steps = [s for _, s in timeline.progress]

@@ -29,10 +29,22 @@ def mode(path: Path) -> int:
 
 def config(tmp_path: Path) -> WorkerConfig:
     return WorkerConfig(
-        run_id="r", attempt=1, node=0, status_address="127.0.0.1:1", status_token="s3cr3t-token",
-        checkpoint_uri=str(tmp_path / "ck"), every_steps=5, total_steps=10, seed=0, spec_hash="0" * 64,
-        code_version="test", comm_backend="gloo", collective_timeout_s=60, heartbeat_interval_s=1,
-        orchestrator_timeout_s=30, node_scratch=str(tmp_path / "node-0"),
+        run_id="r",
+        attempt=1,
+        node=0,
+        status_address="127.0.0.1:1",
+        status_token="s3cr3t-token",
+        checkpoint_uri=str(tmp_path / "ck"),
+        every_steps=5,
+        total_steps=10,
+        seed=0,
+        spec_hash="0" * 64,
+        code_version="test",
+        comm_backend="gloo",
+        collective_timeout_s=60,
+        heartbeat_interval_s=1,
+        orchestrator_timeout_s=30,
+        node_scratch=str(tmp_path / "node-0"),
     )
 
 

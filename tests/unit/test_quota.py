@@ -11,8 +11,19 @@ from pathlib import Path
 import pytest
 
 from trainflow.quota import (
-    QuotaError, QuotaLease, QuotaNeed, QuotaNeedOfRun, acquired_line, dead_holders, lease_folder, limit_name,
-    need_of_parameters, queued_line, remove_lease_file, stale_slots, write_lease_file,
+    QuotaError,
+    QuotaLease,
+    QuotaNeed,
+    QuotaNeedOfRun,
+    acquired_line,
+    dead_holders,
+    lease_folder,
+    limit_name,
+    need_of_parameters,
+    queued_line,
+    remove_lease_file,
+    stale_slots,
+    write_lease_file,
 )
 from trainflow.spec import load_spec
 
@@ -46,7 +57,9 @@ def test_a_run_larger_than_the_whole_limit_is_told_how_to_fix_it():
 def test_the_lines_a_queued_run_prints():
     need = QuotaNeed(team="x", limit="trainflow-team-x", devices=2)
     assert queued_line(need, 2, 2) == "queued for quota trainflow-team-x: needs 2 devices, 2/2 held"
-    assert acquired_line(need, 2, 2, 12.4) == "queued for quota trainflow-team-x: needs 2 devices, 2/2 held, waited 12 s"
+    assert (
+        acquired_line(need, 2, 2, 12.4) == "queued for quota trainflow-team-x: needs 2 devices, 2/2 held, waited 12 s"
+    )
     assert acquired_line(need, 4, None, 0.01) == "quota trainflow-team-x: holds 2 of 4 devices"
 
 
@@ -54,12 +67,26 @@ def test_only_leases_of_dead_orchestrators_are_given_back(tmp_path, monkeypatch)
     monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path))
     lease = QuotaLease(limit="trainflow-team-x", devices=2, lease_id="1f0c", waited_s=0.0)
     write_lease_file("alive-run", lease)  # this process: alive
-    dead = subprocess.run([sys.executable, "-c", "import os, psutil; p = psutil.Process(); "
-                           "print(p.pid, p.create_time())"], capture_output=True, text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os, psutil; p = psutil.Process(); print(p.pid, p.create_time())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     pid, started = dead.stdout.split()
-    (lease_folder() / "dead-run.json").write_text(json.dumps(
-        {"limit": "trainflow-team-x", "devices": 2, "lease_id": "9a7e", "waited_s": 0.0,
-         "run_id": "dead-run", "pid": int(pid), "pid_started": float(started)}))
+    (lease_folder() / "dead-run.json").write_text(
+        json.dumps(
+            {
+                "limit": "trainflow-team-x",
+                "devices": 2,
+                "lease_id": "9a7e",
+                "waited_s": 0.0,
+                "run_id": "dead-run",
+                "pid": int(pid),
+                "pid_started": float(started),
+            }
+        )
+    )
     (lease_folder() / "torn.json").write_text("{")  # half-written: skipped, not fatal
     assert [(holder.run_id, holder.lease_id) for holder in dead_holders()] == [("dead-run", "9a7e")]
     remove_lease_file("alive-run")

@@ -34,5 +34,5 @@ def test_every_exit_is_recorded_once_with_its_code(tmp_path):
 
 def test_a_file_of_another_kind_reads_as_no_exits(tmp_path):
     path = tmp_path / "node-0.ranks"
-    path.write_text("not json\n{\"pid\": 5}\n")
+    path.write_text('not json\n{"pid": 5}\n')
     assert read_exits(path) == {}

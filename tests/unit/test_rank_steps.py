@@ -8,7 +8,8 @@ def test_a_step_is_recorded_once_every_rank_reported_it_with_the_mean_of_their_l
     # rank 1's reports may come before rank 0's or after: the row is the same
     assert steps.add(StepReport(1, 1, 10.0, loss=3.0)) == []
     assert steps.add(StepReport(0, 1, 10.1, loss=1.0, metrics={"loss": 1.0, "lr": 0.1})) == [
-        (1, 10.1, {"lr": 0.1, "loss": 2.0})]
+        (1, 10.1, {"lr": 0.1, "loss": 2.0})
+    ]
     assert steps.add(StepReport(0, 2, 10.2, loss=0.5, metrics={"loss": 0.5, "lr": 0.1})) == []
     assert steps.add(StepReport(1, 2, 10.3, loss=1.5)) == [(2, 10.2, {"lr": 0.1, "loss": 1.0})]
     assert steps.close() == []

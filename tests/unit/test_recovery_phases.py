@@ -11,9 +11,19 @@ from trainflow.runtime.process_clock import process_started_at
 
 def attempt(n, outcome, *, started, detected, first_step=None, stopped=None, milestones=None):
     return AttemptResult(
-        attempt=n, outcome=outcome, reason="r", world_size=2, started_at=started, ended_at=detected,
-        detected_at=detected, failed_at=detected - 0.1, last_step=10 * n, resumed_from_step=0,
-        first_step_at=first_step, stopped_at=stopped, milestones=milestones or WorkerMilestones(),
+        attempt=n,
+        outcome=outcome,
+        reason="r",
+        world_size=2,
+        started_at=started,
+        ended_at=detected,
+        detected_at=detected,
+        failed_at=detected - 0.1,
+        last_step=10 * n,
+        resumed_from_step=0,
+        first_step_at=first_step,
+        stopped_at=stopped,
+        milestones=milestones or WorkerMilestones(),
     )
 
 
@@ -38,8 +48,15 @@ def test_the_phases_split_the_recovery_at_the_slowest_ranks_points():
     second = run_ledger(crash_then_restore(slowest_ranks()), world_size=2).attempts[1]
     phases = second.recovery_phases
     assert second.recovery_s == 5.0
-    assert phases.model_dump() == {"stop": 0.4, "between_attempts": 0.6, "launch": 0.3, "imports": 1.7,
-                                   "rendezvous": 0.2, "restore": 0.9, "first_step": 0.9}
+    assert phases.model_dump() == {
+        "stop": 0.4,
+        "between_attempts": 0.6,
+        "launch": 0.3,
+        "imports": 1.7,
+        "rendezvous": 0.2,
+        "restore": 0.9,
+        "first_step": 0.9,
+    }
     assert round(sum(phases.model_dump().values()), 3) == second.recovery_s
     assert phases.as_metrics()["recovery_imports_s"] == 1.7
 
@@ -63,8 +80,10 @@ def test_other_clocks_never_make_a_phase_negative():
 
 
 def test_no_split_without_a_first_step_and_for_the_first_attempt():
-    first, second = run_ledger([crash_then_restore(slowest_ranks())[0],
-                                attempt(2, Outcome.CRASHED, started=101.0, detected=110.0)], world_size=2).attempts
+    first, second = run_ledger(
+        [crash_then_restore(slowest_ranks())[0], attempt(2, Outcome.CRASHED, started=101.0, detected=110.0)],
+        world_size=2,
+    ).attempts
     assert first.recovery_phases is None and second.recovery_phases is None
     assert phases_line(None) == "no phase split recorded"
 
@@ -73,8 +92,9 @@ def test_the_summary_and_the_drill_line_carry_the_same_split():
     second = run_ledger(crash_then_restore(slowest_ranks()), world_size=2).attempts[1]
     row = second.model_dump(mode="json")
     assert row["recovery_phases"]["imports"] == 1.7
-    assert phases_line(row["recovery_phases"]) == ("stop 0.40, between attempts 0.60, launch 0.30, imports 1.70, "
-                                                   "rendezvous 0.20, restore 0.90, first step 0.90 s")
+    assert phases_line(row["recovery_phases"]) == (
+        "stop 0.40, between attempts 0.60, launch 0.30, imports 1.70, rendezvous 0.20, restore 0.90, first step 0.90 s"
+    )
 
 
 def test_this_process_knows_when_it_started():

@@ -7,7 +7,14 @@ from dataclasses import replace
 from trainflow.repro import rerun
 from trainflow.repro.environment import Environment
 from trainflow.repro.rerun import (
-    SHOWN_PACKAGES, Lineage, RecordedRun, code_snapshot, current_lineage, detect_drift, package_drift, refusal,
+    SHOWN_PACKAGES,
+    Lineage,
+    RecordedRun,
+    code_snapshot,
+    current_lineage,
+    detect_drift,
+    package_drift,
+    refusal,
     rerunning,
 )
 from trainflow.spec import parse_spec
@@ -18,15 +25,30 @@ CODE = {"workload_sha256": "w" * 64, "git_diff_sha256": "d" * 64, "lock_sha256":
 
 
 def environment(**changes) -> Environment:
-    env = Environment(python="3.11.7", torch="2.13.0+cpu", platform="Linux-x86_64", packages=dict(PACKAGES),
-                      git_commit=COMMIT, git_dirty=False, lock_sha256="l" * 64, fingerprint="f" * 64)
+    env = Environment(
+        python="3.11.7",
+        torch="2.13.0+cpu",
+        platform="Linux-x86_64",
+        packages=dict(PACKAGES),
+        git_commit=COMMIT,
+        git_dirty=False,
+        lock_sha256="l" * 64,
+        fingerprint="f" * 64,
+    )
     return replace(env, **changes)
 
 
 def recorded(**tag_changes) -> RecordedRun:
     spec = parse_spec({"name": "digits", "seed": 7, "workload": {"entrypoint": "examples/digits/train.py"}})
-    tags = {"env_fingerprint": "f" * 64, "git_commit": COMMIT, "git_dirty": "false", "python_version": "3.11.7",
-            "torch_version": "2.13.0+cpu", **CODE, "trainflow.run_id": "digits-20260101-000000-abcdef"}
+    tags = {
+        "env_fingerprint": "f" * 64,
+        "git_commit": COMMIT,
+        "git_dirty": "false",
+        "python_version": "3.11.7",
+        "torch_version": "2.13.0+cpu",
+        **CODE,
+        "trainflow.run_id": "digits-20260101-000000-abcdef",
+    }
     tags.update(tag_changes)
     return RecordedRun("0123456789abcdef0123456789abcdef", "sqlite:///x.db", spec, tags, dict(PACKAGES), "p" * 64)
 
@@ -128,4 +150,3 @@ def test_code_snapshot_hashes_the_script_and_the_uncommitted_changes(tmp_path, m
     assert code_snapshot(spec)["workload_sha256"] != snapshot["workload_sha256"]
     script.unlink()
     assert code_snapshot(spec)["workload_sha256"] == "missing"
-

@@ -7,35 +7,62 @@ from pathlib import Path
 
 import pytest
 
+from trainflow.backends.slurm.allocation import SlurmAttempt
 from trainflow.backends.slurm.batch import batch_script, memory_mb, sbatch_command
 from trainflow.backends.slurm.commands import JobState, parse_key_values, usable
-from trainflow.backends.slurm.allocation import SlurmAttempt
 from trainflow.backends.slurm.job_end import SlurmNodeExit, from_job, time_limit_warning
 from trainflow.backends.slurm.node_agent import signal_file
 from trainflow.orchestrator.failures import Outcome, classify_exit
-from trainflow.spec import SpecError, parse_spec
 from trainflow.orchestrator.status import AttemptStatus
+from trainflow.spec import SpecError, parse_spec
 
 
 def spec(**slurm):
-    return parse_spec({
-        "name": "job", "workload": {"entrypoint": "train.py"},
-        "resources": {"backend": "slurm", "nodes": 2, "cpu": 1.5, "memory": "2Gi", "gpu": 1},
-        "slurm": slurm,
-    })
+    return parse_spec(
+        {
+            "name": "job",
+            "workload": {"entrypoint": "train.py"},
+            "resources": {"backend": "slurm", "nodes": 2, "cpu": 1.5, "memory": "2Gi", "gpu": 1},
+            "slurm": slurm,
+        }
+    )
 
 
 def test_sbatch_asks_for_the_spec_s_nodes_section_and_excluded_nodes():
     command = sbatch_command(
-        spec(partition="gpu", account="vision", qos="high", time_limit="1-02:00:00", warn_before_limit_s=120,
-             constraint="a100", exclusive=True, sbatch_args=["--reservation=maint"]),
-        "run-1", Path("/shared/run-1/attempt-2"), exclude=["node7"],
+        spec(
+            partition="gpu",
+            account="vision",
+            qos="high",
+            time_limit="1-02:00:00",
+            warn_before_limit_s=120,
+            constraint="a100",
+            exclusive=True,
+            sbatch_args=["--reservation=maint"],
+        ),
+        "run-1",
+        Path("/shared/run-1/attempt-2"),
+        exclude=["node7"],
     )
     assert command[:2] == ["sbatch", "--parsable"]
-    for option in ("--job-name=trainflow-run-1", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=2",
-                   "--mem=2048M", "--gpus-per-node=1", "--partition=gpu", "--account=vision", "--qos=high",
-                   "--time=1-02:00:00", "--signal=TERM@120", "--constraint=a100", "--exclusive",
-                   "--exclude=node7", "--reservation=maint", "--no-requeue"):
+    for option in (
+        "--job-name=trainflow-run-1",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--cpus-per-task=2",
+        "--mem=2048M",
+        "--gpus-per-node=1",
+        "--partition=gpu",
+        "--account=vision",
+        "--qos=high",
+        "--time=1-02:00:00",
+        "--signal=TERM@120",
+        "--constraint=a100",
+        "--exclusive",
+        "--exclude=node7",
+        "--reservation=maint",
+        "--no-requeue",
+    ):
         assert option in command
     assert command[-1] == "/shared/run-1/attempt-2/job.sh"
 
@@ -90,9 +117,18 @@ def test_without_slurm_s_commands_the_spec_is_refused_before_anything_is_provisi
 def time_limit_handle(tmp_path: Path, signal_line: str | None, signalled_at: float | None = None) -> SlurmAttempt:
     if signal_line is not None:
         signal_file(tmp_path, 0).write_text(signal_line)
-    return SlurmAttempt(attempt=1, nodes=1, started_at=0.0, logs={}, job_id="7", attempt_dir=tmp_path,
-                        warn_before_limit_s=10, signalled_at=signalled_at, limit_ends_at=1000.0,
-                        job=JobState("7", "RUNNING", "None", "n1", time_limit="00:01:00"))
+    return SlurmAttempt(
+        attempt=1,
+        nodes=1,
+        started_at=0.0,
+        logs={},
+        job_id="7",
+        attempt_dir=tmp_path,
+        warn_before_limit_s=10,
+        signalled_at=signalled_at,
+        limit_ends_at=1000.0,
+        job=JobState("7", "RUNNING", "None", "n1", time_limit="00:01:00"),
+    )
 
 
 def test_a_sigterm_in_the_warning_s_window_before_the_time_limit_is_told_apart(tmp_path):
@@ -100,13 +136,16 @@ def test_a_sigterm_in_the_warning_s_window_before_the_time_limit_is_told_apart(t
     assert warning == "slurm job 7: the time limit's warning, SIGTERM 25s before its 00:01:00 limit (--signal=TERM@10)"
 
 
-@pytest.mark.parametrize("signal_line, signalled_at", [
-    (None, None),  # no signal reached the node
-    ("TERM 975.0", 970.0),  # trainflow's own scancel --signal (a drill)
-    ("INT 975.0", None),
-    ("TERM 500.0", None),  # long before the warning's window: someone else's SIGTERM
-    ("TERM 1003.0", None),  # after the limit: the limit itself, not its warning
-])
+@pytest.mark.parametrize(
+    "signal_line, signalled_at",
+    [
+        (None, None),  # no signal reached the node
+        ("TERM 975.0", 970.0),  # trainflow's own scancel --signal (a drill)
+        ("INT 975.0", None),
+        ("TERM 500.0", None),  # long before the warning's window: someone else's SIGTERM
+        ("TERM 1003.0", None),  # after the limit: the limit itself, not its warning
+    ],
+)
 def test_other_signals_are_not_taken_for_the_time_limit_s_warning(tmp_path, signal_line, signalled_at):
     assert time_limit_warning(time_limit_handle(tmp_path, signal_line, signalled_at), 0) is None
 

@@ -14,9 +14,13 @@ from trainflow.spec import RunSpec, SpecError
 
 
 def spec(steps: int = 600, every: int = 20, uri: str = "checkpoints/soak") -> RunSpec:
-    return RunSpec.model_validate({"name": "soak", "workload": {"entrypoint": "examples/digits/train.py",
-                                                                 "steps": steps},
-                                   "checkpoint": {"every_steps": every, "uri": uri}})
+    return RunSpec.model_validate(
+        {
+            "name": "soak",
+            "workload": {"entrypoint": "examples/digits/train.py", "steps": steps},
+            "checkpoint": {"every_steps": every, "uri": uri},
+        }
+    )
 
 
 def test_faults_cycle_through_every_kind_each_past_the_previous_ones_resume_point():
@@ -39,24 +43,45 @@ def test_the_soak_spec_has_a_budget_for_every_fault():
 
 
 def row(attempt: int, outcome: str, lost: int, last_step: int = 100, resumed: int = 0) -> dict:
-    return {"attempt": attempt, "outcome": outcome, "lost_steps": lost, "last_step": last_step, "reason": "r",
-            "resumed_from_step": resumed}
+    return {
+        "attempt": attempt,
+        "outcome": outcome,
+        "lost_steps": lost,
+        "last_step": last_step,
+        "reason": "r",
+        "resumed_from_step": resumed,
+    }
 
 
 def test_the_report_counts_detections_and_names_what_went_wrong():
     plans = plan_faults(spec(), 2, seed=0)
     injected = [{"injected": True, "detail": {"step": p.at_step}} for p in plans]
     expected = {"crash": "CRASHED", "kill": "KILLED", "hang": "HUNG", "preempt": "PREEMPTED"}
-    good = {"status": "succeeded", "params_sha256": "x", "total_steps": 600, "faults": injected,
-            "attempts": [row(1, expected[plans[0].kind.value], 5), row(2, expected[plans[1].kind.value], 0),
-                         row(3, "SUCCEEDED", 0, 600)]}
+    good = {
+        "status": "succeeded",
+        "params_sha256": "x",
+        "total_steps": 600,
+        "faults": injected,
+        "attempts": [
+            row(1, expected[plans[0].kind.value], 5),
+            row(2, expected[plans[1].kind.value], 0),
+            row(3, "SUCCEEDED", 0, 600),
+        ],
+    }
     report = soak_report(plans, good, {"params_sha256": "x"}, [], every_steps=20)
     assert report["passed"] is True, report
     assert sum(c["count"] for c in report["confusion"]) == 2
     assert plans[0].kind.value in render_confusion(report)
 
-    bad = {**good, "attempts": [row(1, "INFRA", 5), row(2, expected[plans[1].kind.value], 30),
-                                row(3, "CRASHED", 0, 600), row(4, "SUCCEEDED", 0, 600)]}
+    bad = {
+        **good,
+        "attempts": [
+            row(1, "INFRA", 5),
+            row(2, expected[plans[1].kind.value], 30),
+            row(3, "CRASHED", 0, 600),
+            row(4, "SUCCEEDED", 0, 600),
+        ],
+    }
     report = soak_report(plans, bad, {"params_sha256": "y"}, ["pid 7 (python)"], every_steps=20)
     assert report["passed"] is False
     assert [f["detected"] for f in report["misclassified"]] == ["INFRA"]
@@ -98,8 +123,13 @@ def test_the_spec_and_plan_give_each_kind_what_it_needs_to_end_its_attempt():
 def test_a_damaged_checkpoint_loaded_at_the_restore_fails_the_soak():
     plans = plan_faults(spec(), 1, seed=0, kinds=[FaultKind.corrupt_checkpoint])
     damaged = {"injected": True, "detail": {"step": plans[0].at_step, "damaged": "run/step-00000300/model.pt"}}
-    summary = {"status": "succeeded", "params_sha256": "x", "total_steps": 600, "faults": [damaged],
-               "attempts": [row(1, "KILLED", 30), row(2, "SUCCEEDED", 0, 600, resumed=280)]}
+    summary = {
+        "status": "succeeded",
+        "params_sha256": "x",
+        "total_steps": 600,
+        "faults": [damaged],
+        "attempts": [row(1, "KILLED", 30), row(2, "SUCCEEDED", 0, 600, resumed=280)],
+    }
     report = soak_report(plans, summary, {"params_sha256": "x"}, [], every_steps=20)
     assert report["per_fault"][0]["rejected_at_restore"] is True and report["passed"] is True
     summary["attempts"][1]["resumed_from_step"] = 300
@@ -120,10 +150,15 @@ def test_the_cpu_load_is_one_busy_loop_per_process_asked_and_is_gone_when_the_bl
 
 
 def test_a_backend_that_cannot_inject_a_kind_leaves_it_out_and_refuses_it_by_its_missing_ability():
-    on_pods = RunSpec.model_validate({
-        "name": "soak", "workload": {"entrypoint": "examples/digits/train.py", "steps": 600},
-        "resources": {"backend": "kubernetes"}, "kubernetes": {"image": "registry.example/trainflow:1"},
-        "checkpoint": {"every_steps": 20, "uri": "s3://bucket/soak"}})
+    on_pods = RunSpec.model_validate(
+        {
+            "name": "soak",
+            "workload": {"entrypoint": "examples/digits/train.py", "steps": 600},
+            "resources": {"backend": "kubernetes"},
+            "kubernetes": {"image": "registry.example/trainflow:1"},
+            "checkpoint": {"every_steps": 20, "uri": "s3://bucket/soak"},
+        }
+    )
     kinds, not_soaked = soak_kinds(on_pods)
     assert FaultKind.crash not in kinds and "SignalsRanks" in not_soaked["crash"]
     assert "PreemptsNodes" in not_soaked["preempt"]

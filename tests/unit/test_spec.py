@@ -270,8 +270,16 @@ def test_a_whole_number_is_a_fine_float(raw):
 
 
 @pytest.mark.parametrize(
-    "uri", ["ftp://nowhere/x", "gs://bucket/x", "hdfs://namenode/x", "S3://bucket/x", "s3:/bucket", "s3://ab/x",
-            "file://relative/x"],
+    "uri",
+    [
+        "ftp://nowhere/x",
+        "gs://bucket/x",
+        "hdfs://namenode/x",
+        "S3://bucket/x",
+        "s3:/bucket",
+        "s3://ab/x",
+        "file://relative/x",
+    ],
 )
 def test_checkpoint_uri_schemes_other_than_local_and_s3_are_refused(raw, uri):
     raw["checkpoint"]["uri"] = uri

@@ -45,13 +45,28 @@ def test_the_section_is_typed_as_the_chosen_backends_only():
         slurm_config(load_spec(LOCAL))
 
 
-@pytest.mark.parametrize(("path", "overrides", "message"), [
-    (LOCAL, ["slurm.partition=debug"], "slurm: only read with resources.backend: slurm, and this spec's backend is local"),
-    (LOCAL, ["kubernetes.namespace=team-a"], "kubernetes: only read with resources.backend: kubernetes"),
-    (LOCAL, [*SLURM, "resources.network=namespaces"], "resources.network: only read with resources.backend: local"),
-    (LOCAL, [*SLURM, "resources.oversubscribe=true"], "resources.oversubscribe: only read with resources.backend: local"),
-    (K8S, ["slurm.exclusive=true"], "slurm: only read with resources.backend: slurm, and this spec's backend is kubernetes"),
-])
+@pytest.mark.parametrize(
+    ("path", "overrides", "message"),
+    [
+        (
+            LOCAL,
+            ["slurm.partition=debug"],
+            "slurm: only read with resources.backend: slurm, and this spec's backend is local",
+        ),
+        (LOCAL, ["kubernetes.namespace=team-a"], "kubernetes: only read with resources.backend: kubernetes"),
+        (LOCAL, [*SLURM, "resources.network=namespaces"], "resources.network: only read with resources.backend: local"),
+        (
+            LOCAL,
+            [*SLURM, "resources.oversubscribe=true"],
+            "resources.oversubscribe: only read with resources.backend: local",
+        ),
+        (
+            K8S,
+            ["slurm.exclusive=true"],
+            "slurm: only read with resources.backend: slurm, and this spec's backend is kubernetes",
+        ),
+    ],
+)
 def test_another_backends_section_is_refused_naming_it(path, overrides, message):
     assert message in refusal(path, overrides)
 
@@ -64,12 +79,18 @@ def test_another_backends_section_at_its_defaults_is_accepted():
     assert load_spec(LOCAL, ["slurm.exclusive=false", "kubernetes.tolerations=[]"]) == load_spec(LOCAL)
 
 
-@pytest.mark.parametrize(("overrides", "field"), [
-    (["resources.network=wifi"], "resources.network: Input should be 'loopback' or 'namespaces'"),
-    ([*SLURM, "slurm.time_limit=soon"], "slurm.time_limit: String should match pattern"),
-    ([*SLURM, "slurm.nodelist=a"], "slurm.nodelist: unknown key"),
-    (["resources.backend=mesos"], "resources.backend: 'mesos' is not a backend; choose one of local, kubernetes, slurm"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (["resources.network=wifi"], "resources.network: Input should be 'loopback' or 'namespaces'"),
+        ([*SLURM, "slurm.time_limit=soon"], "slurm.time_limit: String should match pattern"),
+        ([*SLURM, "slurm.nodelist=a"], "slurm.nodelist: unknown key"),
+        (
+            ["resources.backend=mesos"],
+            "resources.backend: 'mesos' is not a backend; choose one of local, kubernetes, slurm",
+        ),
+    ],
+)
 def test_errors_in_a_backend_section_name_the_field_as_written(overrides, field):
     assert field in refusal(LOCAL, overrides)
 

@@ -9,10 +9,10 @@ from contextlib import ExitStack
 
 import pytest
 
+from tests.unit.test_status_identity import Connection
 from trainflow.contracts.status_protocol import Error, Finished, Progress, Restored, Started, StepEntry
 from trainflow.orchestrator.status import AttemptStatus, StatusServer
 from trainflow.runtime.reporter import StatusReporter
-from tests.unit.test_status_identity import Connection
 
 
 def progress(step: int, loss: float | None = None) -> Progress:

@@ -64,12 +64,19 @@ def make_server() -> Iterator[Callable[..., StatusServer]]:
 
 
 def serves_a_real_worker(server: StatusServer, step: int = 7) -> bool:
-    reporter = StatusReporter(server.address, server.token, {"rank": 0, "node": 0, "attempt": 1, "pid": 100},
-                              heartbeat_interval_s=0.1, orchestrator_timeout_s=30)
+    reporter = StatusReporter(
+        server.address,
+        server.token,
+        {"rank": 0, "node": 0, "attempt": 1, "pid": 100},
+        heartbeat_interval_s=0.1,
+        orchestrator_timeout_s=30,
+    )
     try:
         reporter.send(Progress(steps=[StepEntry(step=step, step_time_s=0.01)]))
-        eventually(lambda: 0 in server.snapshot().ranks and server.snapshot().ranks[0].step == step,
-                   "the real worker's progress reaches the server")
+        eventually(
+            lambda: 0 in server.snapshot().ranks and server.snapshot().ranks[0].step == step,
+            "the real worker's progress reaches the server",
+        )
         return True
     finally:
         reporter.close()
@@ -120,19 +127,22 @@ def test_default_caps_bound_the_threads_of_many_idle_connections(make_server):
             sock.close()
 
 
-@pytest.mark.parametrize("line", [
-    b"[1, 2, 3]",
-    b'"hello"',
-    b"42",
-    b"null",
-    b"\xff\xfe not utf-8",
-    b"{not json",
-    b'{"kind": "hello", "token": TOKEN, "rank": "0", "node": 0, "attempt": 1}',
-    b'{"kind": "hello", "token": TOKEN, "rank": 0, "node": 0, "attempt": true}',
-    b'{"kind": "hello", "token": TOKEN, "rank": 0, "node": 0, "attempt": 1, "t": "soon"}',
-    b'{"kind": "progress", "rank": 0, "node": 0, "attempt": 1, "t": 1.0, "steps": []}',
-    b'{"kind": "hello", "token": "wrong", "rank": 0, "node": 0, "attempt": 1}',
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"[1, 2, 3]",
+        b'"hello"',
+        b"42",
+        b"null",
+        b"\xff\xfe not utf-8",
+        b"{not json",
+        b'{"kind": "hello", "token": TOKEN, "rank": "0", "node": 0, "attempt": 1}',
+        b'{"kind": "hello", "token": TOKEN, "rank": 0, "node": 0, "attempt": true}',
+        b'{"kind": "hello", "token": TOKEN, "rank": 0, "node": 0, "attempt": 1, "t": "soon"}',
+        b'{"kind": "progress", "rank": 0, "node": 0, "attempt": 1, "t": 1.0, "steps": []}',
+        b'{"kind": "hello", "token": "wrong", "rank": 0, "node": 0, "attempt": 1}',
+    ],
+)
 def test_a_malformed_hello_is_dropped_with_one_log_line(make_server, caplog, capsys, line):
     server = make_server()
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
@@ -145,20 +155,24 @@ def test_a_malformed_hello_is_dropped_with_one_log_line(make_server, caplog, cap
     assert "Traceback" not in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("message", [
-    [1, 2],
-    {"kind": "progress", "t": 1.0, "steps": "many"},
-    {"kind": "progress", "t": 1.0, "steps": [{"step": "7"}]},
-    {"kind": "progress", "t": 1.0, "steps": [{"step": 7, "metrics": {"loss": "low"}}]},
-    {"kind": "restored", "t": 1.0, "step": None},
-    {"kind": "finished", "t": 1.0, "step": 7.5},
-    {"kind": "resources", "t": 1.0, "figures": [1]},
-    {"kind": "checkpoint", "t": 1.0, "step": 5, "stall_s": "long"},
-    {"kind": 3, "t": 1.0},
-    {"kind": "heartbeat"},
-])
-def test_a_malformed_message_after_the_hello_is_dropped_and_the_connection_goes_on(make_server, caplog, capsys,
-                                                                                   message):
+@pytest.mark.parametrize(
+    "message",
+    [
+        [1, 2],
+        {"kind": "progress", "t": 1.0, "steps": "many"},
+        {"kind": "progress", "t": 1.0, "steps": [{"step": "7"}]},
+        {"kind": "progress", "t": 1.0, "steps": [{"step": 7, "metrics": {"loss": "low"}}]},
+        {"kind": "restored", "t": 1.0, "step": None},
+        {"kind": "finished", "t": 1.0, "step": 7.5},
+        {"kind": "resources", "t": 1.0, "figures": [1]},
+        {"kind": "checkpoint", "t": 1.0, "step": 5, "stall_s": "long"},
+        {"kind": 3, "t": 1.0},
+        {"kind": "heartbeat"},
+    ],
+)
+def test_a_malformed_message_after_the_hello_is_dropped_and_the_connection_goes_on(
+    make_server, caplog, capsys, message
+):
     server = make_server()
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
         identity = {"rank": 0, "node": 0, "attempt": 1, "pid": 100}
@@ -166,8 +180,10 @@ def test_a_malformed_message_after_the_hello_is_dropped_and_the_connection_goes_
         bad = message if isinstance(message, list) else {**identity, **message}
         lines = [{"kind": "hello", "token": server.token, "version": PROTOCOL_VERSION, **identity}, bad, bad, good]
         sock.sendall(b"".join(json.dumps(m).encode() + b"\n" for m in lines))
-        eventually(lambda: 0 in server.snapshot().ranks and server.snapshot().ranks[0].step == 3,
-                   "the good message after the bad ones is applied")
+        eventually(
+            lambda: 0 in server.snapshot().ranks and server.snapshot().ranks[0].step == 3,
+            "the good message after the bad ones is applied",
+        )
     assert sum("dropped a message" in r.getMessage() for r in caplog.records) == 1
     assert server.events.empty() and server.metrics.empty() and server.steps.qsize() == 1
     assert "Traceback" not in capsys.readouterr().err
@@ -189,8 +205,9 @@ SERVER_PROCESS = textwrap.dedent("""
 
 @pytest.fixture
 def server_process() -> Iterator[tuple[subprocess.Popen, dict]]:
-    proc = subprocess.Popen([sys.executable, "-c", SERVER_PROCESS], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVER_PROCESS], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         yield proc, json.loads(proc.stdout.readline())
     finally:
@@ -224,17 +241,34 @@ def send_endless_line(port: int, first: bytes, total: int) -> int:
 @pytest.mark.parametrize("authenticated", [False, True])
 def test_a_100_mib_line_does_not_grow_the_servers_memory(server_process, authenticated):
     proc, server = server_process
-    hello = json.dumps({"kind": "hello", "token": server["token"], "rank": 0, "node": 0, "attempt": 1, "pid": 1,
-                        "version": PROTOCOL_VERSION})
+    hello = json.dumps(
+        {
+            "kind": "hello",
+            "token": server["token"],
+            "rank": 0,
+            "node": 0,
+            "attempt": 1,
+            "pid": 1,
+            "version": PROTOCOL_VERSION,
+        }
+    )
     before = int(ask(proc, "peak"))
-    sent = send_endless_line(server["port"], (hello + "\n").encode() if authenticated else b'{"kind": "hello"',
-                             total=100 * MiB)
+    sent = send_endless_line(
+        server["port"], (hello + "\n").encode() if authenticated else b'{"kind": "hello"', total=100 * MiB
+    )
     grown = int(ask(proc, "peak")) - before
     assert sent < 100 * MiB, "the server read the whole line instead of closing the connection"
     assert grown < 16 * MiB, f"the server's peak memory grew by {grown / MiB:.0f} MiB"
     # and it keeps serving workers (the same rank 0 as the hello above, where there was one)
-    progress = {"kind": "progress", "rank": 0, "node": 0, "attempt": 1, "pid": 1, "t": time.time(),
-                "steps": [{"step": 9}]}
+    progress = {
+        "kind": "progress",
+        "rank": 0,
+        "node": 0,
+        "attempt": 1,
+        "pid": 1,
+        "t": time.time(),
+        "steps": [{"step": 9}],
+    }
     with socket.create_connection(("127.0.0.1", server["port"]), timeout=10) as sock:
         sock.sendall(f"{hello}\n{json.dumps(progress)}\n".encode())
         eventually(lambda: json.loads(ask(proc, "ranks")) == {"0": 9}, "a worker's progress after the long line")

@@ -51,8 +51,13 @@ def relay(server, tmp_path) -> Iterator[NodeRelay]:
 
 
 def rank(relay: NodeRelay, server: StatusServer, number: int) -> StatusReporter:
-    return StatusReporter(relay.address, server.token, {"rank": number, "node": 0, "attempt": 1, "pid": 100 + number},
-                          heartbeat_interval_s=0.1, orchestrator_timeout_s=30)
+    return StatusReporter(
+        relay.address,
+        server.token,
+        {"rank": number, "node": 0, "attempt": 1, "pid": 100 + number},
+        heartbeat_interval_s=0.1,
+        orchestrator_timeout_s=30,
+    )
 
 
 def test_a_nodes_ranks_reach_the_orchestrator_as_one_stream_with_their_steps_summed(server, relay):
@@ -61,15 +66,27 @@ def test_a_nodes_ranks_reach_the_orchestrator_as_one_stream_with_their_steps_sum
         for step in (1, 2):
             for n, worker in enumerate(ranks):
                 metrics = {"loss": 1.0 * step, "lr": 0.1} if n == 0 else None
-                worker.send(wire.Progress(steps=[wire.StepEntry(step=step, t=time.time(), step_time_s=0.01,
-                                                                 compute_s=0.01, metrics=metrics,
-                                                                 loss=None if n == 0 else float(n + step))]))
+                worker.send(
+                    wire.Progress(
+                        steps=[
+                            wire.StepEntry(
+                                step=step,
+                                t=time.time(),
+                                step_time_s=0.01,
+                                compute_s=0.01,
+                                metrics=metrics,
+                                loss=None if n == 0 else float(n + step),
+                            )
+                        ]
+                    )
+                )
         for n, worker in enumerate(ranks):
             worker.send(wire.Finished(step=2, loss=float(n), params_sha256="ab" * 32 if n == 0 else None))
         ranks[3].send(wire.Error(type="ValueError", message="verbatim", step=2))
         finished = wait_for(server, lambda s: s.finished is not None and s.errors)
         assert {r.rank: (r.node, r.pid, r.step) for r in finished.ranks.values()} == {
-            n: (0, 100 + n, 2) for n in range(4)}
+            n: (0, 100 + n, 2) for n in range(4)
+        }
         assert finished.finished["params_sha256"] == "ab" * 32 and finished.finished["loss"] == 1.5
         assert (finished.errors[0]["rank"], finished.errors[0]["message"]) == (3, "verbatim")
         assert server.open_connections([0]) == 1  # one stream for the node, not one per rank
@@ -106,8 +123,9 @@ def test_a_silent_rank_behind_a_live_relay_is_named(server, relay):
     talking = rank(relay, server, 0)
     with socket.socket(socket.AF_UNIX) as frozen:  # says hello, then nothing ever again
         frozen.connect(relay.address.removeprefix("unix:"))
-        frozen.sendall(wire.encode(wire.Hello(token=server.token, rank=1, node=0, attempt=1, pid=7,
-                                              version=wire.PROTOCOL_VERSION)))
+        frozen.sendall(
+            wire.encode(wire.Hello(token=server.token, rank=1, node=0, attempt=1, pid=7, version=wire.PROTOCOL_VERSION))
+        )
         try:
             wait_for(server, lambda s: set(s.ranks) == {0, 1})
             deadline = time.monotonic() + 30
@@ -149,14 +167,18 @@ WORKER = textwrap.dedent("""
 
 @pytest.mark.parametrize("path", ["relay", "direct"])
 def test_a_frozen_orchestrator_stops_its_workers_after_the_orchestrator_timeout(path):
-    orchestrator = subprocess.Popen([sys.executable, "-c", ORCHESTRATOR], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, text=True)
+    orchestrator = subprocess.Popen(
+        [sys.executable, "-c", ORCHESTRATOR], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     worker = None
     try:
         channel = json.loads(orchestrator.stdout.readline())
         timeout_s = 5.0
-        worker = subprocess.Popen([sys.executable, "-c", WORKER, channel["address"], channel["token"], path,
-                                   str(timeout_s)], stderr=subprocess.PIPE, text=True)
+        worker = subprocess.Popen(
+            [sys.executable, "-c", WORKER, channel["address"], channel["token"], path, str(timeout_s)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
         def ranks() -> list[int]:
             orchestrator.stdin.write("ranks\n")

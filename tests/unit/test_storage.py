@@ -140,8 +140,12 @@ def small_tmpfs(tmp_path):
     """A 1 MiB tmpfs (root only), unmounted whatever happens."""
     mountpoint = tmp_path / "tmpfs"
     mountpoint.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mountpoint)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mountpoint)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a tmpfs (needs root)")
     try:
         yield mountpoint
@@ -165,10 +169,12 @@ def test_a_folder_turned_read_only_is_a_storage_error_for_every_write(small_tmpf
     source.write_bytes(b"x" * 100)
     subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
     assert store.read("run/step-00000010/manifest.json") == b"{}"  # reading still works
-    for write in (lambda: store.upload(source, "run/step-00000020/shard"),
-                  lambda: store.put_if_absent("run/step-00000020/manifest.json", b"{}"),
-                  lambda: store.delete(["run/step-00000010/manifest.json"]),
-                  lambda: store.abort_incomplete([Incomplete("run/step-00000010/manifest.json")])):
+    for write in (
+        lambda: store.upload(source, "run/step-00000020/shard"),
+        lambda: store.put_if_absent("run/step-00000020/manifest.json", b"{}"),
+        lambda: store.delete(["run/step-00000010/manifest.json"]),
+        lambda: store.abort_incomplete([Incomplete("run/step-00000010/manifest.json")]),
+    ):
         with pytest.raises(StorageError, match="Read-only file system"):
             write()
 

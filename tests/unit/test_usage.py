@@ -3,24 +3,57 @@ real MLflow SQLite store written the way the lifecycle writes it; and `trainflow
 
 from __future__ import annotations
 
-import time
-
 import csv
 import io
 import json
+import time
 
 import pytest
 from typer.testing import CliRunner
 
 from trainflow.cli import app
 from trainflow.reporting.tracking import Tracker
-from trainflow.reporting.usage import GroupBy, RunUsage, UsageError, build_report, compare_limits, parse_since, peak_devices
+from trainflow.reporting.usage import (
+    GroupBy,
+    RunUsage,
+    UsageError,
+    build_report,
+    compare_limits,
+    parse_since,
+    peak_devices,
+)
 
 RUNS = [
     # experiment, team, owner, world size, status, device_hours, wasted, lost_work_s, recovery_s, attempts,
     # quota wait, checkpoint bytes
-    ("digits", "vision", "ada", 2, "succeeded", 0.5, 0.1, 60.0, 30.0, [("CRASHED", 2, 1.5), ("SUCCEEDED", 2, None)], 12.0, [100, 200]),
-    ("digits", "vision", "bob", 4, "failed", 1.0, 0.4, 120.0, 0.0, [("HUNG", 4, 9.0), ("NODE_LOST", 3, 4.0)], None, [50]),
+    (
+        "digits",
+        "vision",
+        "ada",
+        2,
+        "succeeded",
+        0.5,
+        0.1,
+        60.0,
+        30.0,
+        [("CRASHED", 2, 1.5), ("SUCCEEDED", 2, None)],
+        12.0,
+        [100, 200],
+    ),
+    (
+        "digits",
+        "vision",
+        "bob",
+        4,
+        "failed",
+        1.0,
+        0.4,
+        120.0,
+        0.0,
+        [("HUNG", 4, 9.0), ("NODE_LOST", 3, 4.0)],
+        None,
+        [50],
+    ),
     ("nlp", "nlp", "ada", 2, "succeeded", 0.25, 0.0, 0.0, 0.0, [("SUCCEEDED", 2, None)], 3.0, []),
 ]
 
@@ -31,19 +64,44 @@ def store(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = Tracker(uri)
-    for index, (experiment, team, owner, world, status, hours, wasted, lost_s, recovery_s, attempts, wait, sizes) in enumerate(RUNS):
-        run = tracker.start_run(experiment, f"run-{index}", {"team": team, "owner": owner, "trainflow.run_id": f"run-{index}"})
+    for index, (
+        experiment,
+        team,
+        owner,
+        world,
+        status,
+        hours,
+        wasted,
+        lost_s,
+        recovery_s,
+        attempts,
+        wait,
+        sizes,
+    ) in enumerate(RUNS):
+        run = tracker.start_run(
+            experiment, f"run-{index}", {"team": team, "owner": owner, "trainflow.run_id": f"run-{index}"}
+        )
         tracker.log_params(run, {"world_size": world})
-        figures = {"device_hours": hours, "wasted_device_hours": wasted, "lost_work_s": lost_s, "recovery_s_total": recovery_s}
+        figures = {
+            "device_hours": hours,
+            "wasted_device_hours": wasted,
+            "lost_work_s": lost_s,
+            "recovery_s_total": recovery_s,
+        }
         if wait is not None:
             figures["quota_wait_s"] = wait
         for key, value in figures.items():
             tracker.log_metrics(run, [(key, value, 0, time.time())])
-        tracker.log_json(run, [{"step": 10 * (i + 1), "bytes": size} for i, size in enumerate(sizes)], "checkpoints/index.json")
+        tracker.log_json(
+            run, [{"step": 10 * (i + 1), "bytes": size} for i, size in enumerate(sizes)], "checkpoints/index.json"
+        )
         for number, (outcome, attempt_world, latency) in enumerate(attempts, start=1):
-            child = tracker.start_run(experiment, f"run-{index}-attempt-{number}",
-                                      {"trainflow.run_id": f"run-{index}", "attempt": str(number), "outcome": outcome},
-                                      parent=run)
+            child = tracker.start_run(
+                experiment,
+                f"run-{index}-attempt-{number}",
+                {"trainflow.run_id": f"run-{index}", "attempt": str(number), "outcome": outcome},
+                parent=run,
+            )
             tracker.log_params(child, {"world_size": attempt_world})
             if latency is not None:
                 tracker.log_metrics(child, [("detection_latency_s", latency, 0, time.time())])

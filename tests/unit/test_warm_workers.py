@@ -20,7 +20,7 @@ from trainflow.backends.warm.child import WORKER, NotForkable
 from trainflow.backends.warm.client import ZygoteChannel
 from trainflow.backends.warm.preload import modules_to_preload, script_imports
 
-SCRIPT = '''
+SCRIPT = """
 import json, os, random, sys
 import numpy
 record = {"argv": sys.argv, "name": __name__, "file": __file__, "path0": sys.path[0], "cwd": os.getcwd(),
@@ -30,15 +30,26 @@ print("to stderr", file=sys.stderr)
 if sys.argv[1] == "raise":
     raise ValueError("the script's own error")
 sys.exit(int(sys.argv[1]))
-'''
+"""
 
 
 def start_zygote(preload: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, ZygoteChannel]:
     ours, theirs = socket.socketpair()
     process = subprocess.Popen(
-        [sys.executable, "-m", "trainflow.backends.warm.zygote", "--channel-fd", str(theirs.fileno()),
-         "--stop-grace-s", "5", "--preload", *preload],
-        pass_fds=[theirs.fileno()], env=env, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "trainflow.backends.warm.zygote",
+            "--channel-fd",
+            str(theirs.fileno()),
+            "--stop-grace-s",
+            "5",
+            "--preload",
+            *preload,
+        ],
+        pass_fds=[theirs.fileno()],
+        env=env,
+        start_new_session=True,
     )
     theirs.close()
     return process, ZygoteChannel(ours)
@@ -57,8 +68,9 @@ def run_forked(channel: ZygoteChannel, script: Path, arg: str, tmp_path: Path) -
     out, err = tmp_path / f"out-{arg}", tmp_path / f"err-{arg}"
     with open(out, "w") as stdout, open(err, "w") as stderr:
         env = {"PATH": os.environ["PATH"], "ONLY_THIS": arg}
-        child = channel.fork(WORKER, [sys.executable, "-u", str(script), arg], env, str(tmp_path),
-                             [0, stdout.fileno(), stderr.fileno()])
+        child = channel.fork(
+            WORKER, [sys.executable, "-u", str(script), arg], env, str(tmp_path), [0, stdout.fileno(), stderr.fileno()]
+        )
         code = child.wait(60)
     return code, json.loads(out.read_text().splitlines()[0]), err.read_text()
 
@@ -113,12 +125,14 @@ def test_closing_its_channel_ends_its_children_and_then_itself(tmp_path):
     process, channel = start_zygote([])
     assert channel.wait_ready(60) is not None
     script = tmp_path / "wait.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import signal, sys, time
         signal.signal(signal.SIGTERM, lambda *_: (print("SIGTERM", flush=True), sys.exit(7)))
         print("up", flush=True)
         time.sleep(60)
-    """))
+    """)
+    )
     with open(tmp_path / "out", "w") as out:
         child = channel.fork(WORKER, [sys.executable, "-u", str(script)], {}, str(tmp_path), [0, out.fileno(), 2])
     while "up" not in (tmp_path / "out").read_text():
@@ -131,7 +145,9 @@ def test_closing_its_channel_ends_its_children_and_then_itself(tmp_path):
 
 
 def test_a_module_that_starts_a_thread_makes_it_unfit(tmp_path):
-    (tmp_path / "threaded.py").write_text("import threading, time\nthreading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n")
+    (tmp_path / "threaded.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+    )
     process, channel = start_zygote(["threaded"], env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert channel.wait_ready(60) is None
     assert channel.ready["op"] == "unfit" and "threaded" in channel.ready["reason"]
@@ -141,7 +157,8 @@ def test_a_module_that_starts_a_thread_makes_it_unfit(tmp_path):
 def test_the_scripts_leading_installed_imports_are_preloaded_and_its_own_modules_are_not(tmp_path):
     (tmp_path / "helpers.py").write_text("")
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import json, helpers
         from numpy import linalg
         try:
@@ -153,14 +170,14 @@ def test_the_scripts_leading_installed_imports_are_preloaded_and_its_own_modules
         import decimal
         def main():
             import csv
-    """))
+    """)
+    )
     assert script_imports(script) == ["json", "helpers", "numpy", "yaml", "os"]
     modules = modules_to_preload(str(script), ["fractions"], uses_runtime=True, cwd=tmp_path)
     assert {"json", "numpy", "yaml", "fractions", "torch", "trainflow.runtime"} <= set(modules)
     assert not {"helpers", "decimal", "csv"} & set(modules)
     plain = modules_to_preload(str(script), [], uses_runtime=False, cwd=tmp_path)
     assert "trainflow.runtime" not in plain and "torch.distributed.run" in plain
-
 
 
 def test_a_clone_serves_on_its_own_channel_and_log_with_the_imports_done(zygote, tmp_path):
@@ -204,7 +221,8 @@ def test_ending_the_source_ends_its_clones(tmp_path):
         os.kill(clone.pid, 0)
     clone_channel.close()
 
-DDP_AFTER_PRELOAD = '''
+
+DDP_AFTER_PRELOAD = """
 import importlib, json, pathlib, sys
 from trainflow.backends.warm.preload import modules_to_preload
 for name in modules_to_preload(sys.argv[1], [], uses_runtime=False, cwd=pathlib.Path.cwd()):
@@ -217,7 +235,7 @@ model = DistributedDataParallel(torch.nn.Linear(4, 2))
 model(torch.ones(3, 4)).sum().backward()
 print(json.dumps(sorted(set(sys.modules) - before)))
 dist.destroy_process_group()
-'''
+"""
 
 
 def test_the_preload_leaves_torch_dynamo_to_the_rank(tmp_path):
@@ -228,8 +246,13 @@ def test_the_preload_leaves_torch_dynamo_to_the_rank(tmp_path):
 
     script = tmp_path / "plain.py"
     script.write_text("import torch\nimport torch.distributed as dist\n")
-    result = subprocess.run([sys.executable, "-c", DDP_AFTER_PRELOAD, str(script), str(free_port())],
-                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-c", DDP_AFTER_PRELOAD, str(script), str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     imported_late = json.loads(result.stdout.strip().splitlines()[-1])
     assert "torch._dynamo" in imported_late

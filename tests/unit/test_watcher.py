@@ -10,10 +10,10 @@ import pytest
 from trainflow.backends.base import AttemptHandle, NodeExit
 from trainflow.contracts.status_protocol import Checkpoint, Finished, Progress, StepEntry, Storage
 from trainflow.orchestrator.failures import Outcome
-from trainflow.runtime.reporter import StatusReporter
 from trainflow.orchestrator.status import StatusServer
 from trainflow.orchestrator.stragglers import Straggler
 from trainflow.orchestrator.watcher import AttemptWatcher, WatchLimits
+from trainflow.runtime.reporter import StatusReporter
 
 
 class StandInLauncher:
@@ -44,14 +44,27 @@ def channel():
 
 
 def reporter(channel, rank: int, interval: float = 0.05) -> StatusReporter:
-    return StatusReporter(channel.address, channel.token, {"rank": rank, "node": rank, "attempt": 1, "pid": 100 + rank},
-                          heartbeat_interval_s=interval, orchestrator_timeout_s=30)
+    return StatusReporter(
+        channel.address,
+        channel.token,
+        {"rank": rank, "node": rank, "attempt": 1, "pid": 100 + rank},
+        heartbeat_interval_s=interval,
+        orchestrator_timeout_s=30,
+    )
 
 
 def watcher(channel, launcher, **limits) -> AttemptWatcher:
     handle = AttemptHandle(attempt=1, nodes=2, started_at=time.time(), logs={})
-    return AttemptWatcher(launcher, handle, channel, WatchLimits(**limits), world_size=2, resumed_from_step=0,
-                          on_metrics=lambda rows: None, on_event=lambda event: None)
+    return AttemptWatcher(
+        launcher,
+        handle,
+        channel,
+        WatchLimits(**limits),
+        world_size=2,
+        resumed_from_step=0,
+        on_metrics=lambda rows: None,
+        on_event=lambda event: None,
+    )
 
 
 def test_heartbeats_without_progress_are_a_hang_with_stacks(channel):
@@ -92,8 +105,9 @@ def test_a_frozen_worker_on_a_live_node_is_a_hang(channel):
             r.send(Progress(steps=[StepEntry(step=3, step_time_s=0.01)]))
         time.sleep(0.2)
         frozen.close()
-        result = watcher(channel, StandInLauncher(2, state="workers-stopped"), heartbeat_timeout_s=0.6,
-                         hang_timeout_s=30).run(poll_s=0.05)
+        result = watcher(
+            channel, StandInLauncher(2, state="workers-stopped"), heartbeat_timeout_s=0.6, hang_timeout_s=30
+        ).run(poll_s=0.05)
         assert result.outcome == Outcome.HUNG and "frozen" in result.reason
     finally:
         alive.close()
@@ -104,8 +118,16 @@ def test_a_slow_rank_is_reported_as_a_straggler_and_training_goes_on(channel):
     ranks = [reporter(channel, r) for r in range(2)]
     launcher = StandInLauncher(2)
     handle = AttemptHandle(attempt=1, nodes=2, started_at=time.time(), logs={})
-    watch = AttemptWatcher(launcher, handle, channel, WatchLimits(heartbeat_timeout_s=5, hang_timeout_s=30,
-                           straggler_factor=1.5, straggler_steps=3), 2, 0, lambda rows: None, events.append)
+    watch = AttemptWatcher(
+        launcher,
+        handle,
+        channel,
+        WatchLimits(heartbeat_timeout_s=5, hang_timeout_s=30, straggler_factor=1.5, straggler_steps=3),
+        2,
+        0,
+        lambda rows: None,
+        events.append,
+    )
     try:
         for step in range(1, 41):
             ranks[0].send(Progress(steps=[StepEntry(step=step, step_time_s=0.03, compute_s=0.01)]))
@@ -138,8 +160,16 @@ def test_a_stall_while_ranks_wait_on_the_checkpoint_store_is_infra_not_a_hang(ch
     ranks = [reporter(channel, r) for r in range(2)]
     try:
         # sent before the last progress, on the same connections: known to the watcher when it stalls
-        ranks[0].send(Checkpoint(step=4, prefix="run/step-00000004", status="failed",
-                      reason="upload failed: rank 0: ReadTimeoutError", bytes=0, stall_s=0.0))
+        ranks[0].send(
+            Checkpoint(
+                step=4,
+                prefix="run/step-00000004",
+                status="failed",
+                reason="upload failed: rank 0: ReadTimeoutError",
+                bytes=0,
+                stall_s=0.0,
+            )
+        )
         for r in ranks:
             r.send(Storage(state="waiting", since=time.time(), call="waiting for the checkpoint save of step 5"))
             r.send(Progress(steps=[StepEntry(step=5, step_time_s=0.01, compute_s=0.01)]))
@@ -217,8 +247,9 @@ def test_a_lingering_agent_does_not_turn_a_finished_attempt_into_a_crash(channel
 
 def test_a_script_that_never_reports_is_a_hang_at_start_up_not_infra(channel):
     launcher = StandInLauncher(2)
-    result = watcher(channel, launcher, heartbeat_timeout_s=5, hang_timeout_s=30,
-                     startup_timeout_s=0.3).run(poll_s=0.05)
+    result = watcher(channel, launcher, heartbeat_timeout_s=5, hang_timeout_s=30, startup_timeout_s=0.3).run(
+        poll_s=0.05
+    )
     assert result.outcome == Outcome.HUNG
     assert "fault_tolerance.startup_timeout_s" in result.reason
     assert "nodes_seen" not in result.evidence  # this backend cannot say more
@@ -228,8 +259,9 @@ def test_a_rank_that_never_reports_is_named_after_the_start_up_limit_not_lost(ch
     present = reporter(channel, 0)  # rank 1 never says a word
     try:
         present.send(Progress(steps=[StepEntry(step=1, step_time_s=0.01)]))
-        result = watcher(channel, StandInLauncher(2), heartbeat_timeout_s=30, hang_timeout_s=60,
-                         startup_timeout_s=1.0).run(poll_s=0.05)
+        result = watcher(
+            channel, StandInLauncher(2), heartbeat_timeout_s=30, hang_timeout_s=60, startup_timeout_s=1.0
+        ).run(poll_s=0.05)
     finally:
         present.close()
     assert result.outcome == Outcome.HUNG and "ranks 1 never reported" in result.reason
@@ -241,8 +273,9 @@ def test_a_start_up_timeout_carries_what_the_backend_sees_of_each_node(channel):
         def describe(self, handle):
             return {"waiting": {0: "ImagePullBackOff"}, "nodes": {0: "", 1: ""}}
 
-    result = watcher(channel, Describing(2), heartbeat_timeout_s=5, hang_timeout_s=30,
-                     startup_timeout_s=0.3).run(poll_s=0.05)
+    result = watcher(channel, Describing(2), heartbeat_timeout_s=5, hang_timeout_s=30, startup_timeout_s=0.3).run(
+        poll_s=0.05
+    )
     assert result.outcome == Outcome.HUNG
     assert result.evidence["nodes_seen"]["waiting"] == {0: "ImagePullBackOff"}
 
@@ -258,8 +291,17 @@ def test_a_plain_script_is_watched_by_its_exits_only(channel):
             return [NodeExit(0, 0), NodeExit(1, 0)] if self.polls > 20 else [NodeExit(0, None), NodeExit(1, None)]
 
     handle = AttemptHandle(attempt=1, nodes=2, started_at=time.time() - 3600, logs={})  # "started" an hour ago
-    watch = AttemptWatcher(Exiting(), handle, channel, WatchLimits(heartbeat_timeout_s=1, hang_timeout_s=1,
-                           startup_timeout_s=1), 2, 0, lambda rows: None, lambda event: None, plain=True)
+    watch = AttemptWatcher(
+        Exiting(),
+        handle,
+        channel,
+        WatchLimits(heartbeat_timeout_s=1, hang_timeout_s=1, startup_timeout_s=1),
+        2,
+        0,
+        lambda rows: None,
+        lambda event: None,
+        plain=True,
+    )
     result = watch.run(poll_s=0.01)
     assert result.outcome == Outcome.SUCCEEDED  # no report ever came, and none was needed
 
@@ -299,8 +341,11 @@ def test_a_slow_start_up_is_no_hang_when_one_rank_reports_its_first_step_before_
     try:
         ranks[1].send(Progress(steps=[StepEntry(step=1, step_time_s=0.01, compute_s=0.01)]))
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and (1 not in channel.snapshot().ranks or 0 not in channel.snapshot().ranks
-                                               or channel.snapshot().first_step_at is None):
+        while time.monotonic() < deadline and (
+            1 not in channel.snapshot().ranks
+            or 0 not in channel.snapshot().ranks
+            or channel.snapshot().first_step_at is None
+        ):
             time.sleep(0.02)
         watching = watcher(channel, StandInLauncher(2), heartbeat_timeout_s=30, hang_timeout_s=5)
         watching._pump()
@@ -327,9 +372,17 @@ def test_the_loss_is_the_mean_over_ranks_and_final_loss_the_mean_of_their_last_l
     launcher = StandInLauncher(2)
     launcher.exits = [NodeExit(0, 0), NodeExit(1, 0)]
     handle = AttemptHandle(attempt=1, nodes=2, started_at=time.time(), logs={})
-    watch = AttemptWatcher(launcher, handle, channel, WatchLimits(heartbeat_timeout_s=30, hang_timeout_s=30),
-                           world_size=2, resumed_from_step=0, on_metrics=rows.extend, on_event=lambda event: None,
-                           final_step=3)
+    watch = AttemptWatcher(
+        launcher,
+        handle,
+        channel,
+        WatchLimits(heartbeat_timeout_s=30, hang_timeout_s=30),
+        world_size=2,
+        resumed_from_step=0,
+        on_metrics=rows.extend,
+        on_event=lambda event: None,
+        final_step=3,
+    )
     result = watch.run(poll_s=0.05)
     assert result.outcome == Outcome.SUCCEEDED, result.reason
     assert [(step, value) for key, value, step, _ in rows if key == "loss"] == [(1, 2.0), (2, 1.0), (3, 0.5)]
@@ -353,8 +406,17 @@ class ScriptedExits(StandInLauncher):
 
 def plain_watcher(channel, launcher, **limits) -> AttemptWatcher:
     handle = AttemptHandle(attempt=1, nodes=2, started_at=time.time(), logs={})
-    return AttemptWatcher(launcher, handle, channel, WatchLimits(heartbeat_timeout_s=1, hang_timeout_s=1, **limits),
-                          2, 0, lambda rows: None, lambda event: None, plain=True)
+    return AttemptWatcher(
+        launcher,
+        handle,
+        channel,
+        WatchLimits(heartbeat_timeout_s=1, hang_timeout_s=1, **limits),
+        2,
+        0,
+        lambda rows: None,
+        lambda event: None,
+        plain=True,
+    )
 
 
 def test_a_node_whose_workers_finished_is_not_a_crash_while_its_peer_still_works(channel):
@@ -371,7 +433,9 @@ def test_a_node_whose_workers_finished_is_not_a_crash_while_its_peer_still_works
 
 
 def test_a_node_still_running_long_after_its_peer_finished_is_a_hang_of_that_node(channel):
-    launcher = ScriptedExits([[NodeExit(0, None), NodeExit(1, None, workers_finished=True)], [NodeExit(0, None), NodeExit(1, 0)]])
+    launcher = ScriptedExits(
+        [[NodeExit(0, None), NodeExit(1, None, workers_finished=True)], [NodeExit(0, None), NodeExit(1, 0)]]
+    )
     started = time.monotonic()
     result = plain_watcher(channel, launcher, exit_timeout_s=0.5).run(poll_s=0.02)
     assert result.outcome == Outcome.HUNG

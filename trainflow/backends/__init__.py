@@ -16,8 +16,16 @@ if TYPE_CHECKING:  # the spec composes the backends' configs from here: it impor
     from trainflow.spec import RunSpec
 
 __all__ = [
-    "Allocation", "AttemptHandle", "AttemptPlan", "Launcher", "NodeExit", "ReleaseReport",
-    "backend_configs", "backend_names", "launcher_for", "register",
+    "Allocation",
+    "AttemptHandle",
+    "AttemptPlan",
+    "Launcher",
+    "NodeExit",
+    "ReleaseReport",
+    "backend_configs",
+    "backend_names",
+    "launcher_for",
+    "register",
 ]
 
 _REGISTRY: dict[str, Callable[[], Launcher]] = {}

@@ -49,7 +49,9 @@ class AttemptHandle:
     processes: dict[int, Any] = field(default_factory=dict)
     slots: list[int] = field(default_factory=list)  # the node slot each node of this attempt runs in
     workers: dict[int, list] = field(default_factory=dict)  # backend's view of each node's worker processes
-    rank_records: dict[int, Path] = field(default_factory=dict)  # where each node's agent records its ranks (rank_records)
+    rank_records: dict[int, Path] = field(
+        default_factory=dict
+    )  # where each node's agent records its ranks (rank_records)
     pause_at_step: int | None = None  # drills: every rank waits at this step until the fault is in
     warm_nodes: int = 0  # nodes whose agent and ranks a standby interpreter forked (warm workers)
 

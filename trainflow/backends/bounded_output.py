@@ -57,7 +57,7 @@ class BoundedLog:
     def write(self, data: bytes) -> None:
         with self._lock:
             if self.written < self.head:
-                first, data = data[: self.head - self.written], data[self.head - self.written:]
+                first, data = data[: self.head - self.written], data[self.head - self.written :]
                 os.pwrite(self.fd, first, self.written)
                 self.written += len(first)
             if not data:
@@ -94,10 +94,12 @@ class BoundedLog:
         kept = b"".join(self.tail)
         newline = kept.find(b"\n")
         if 0 <= newline < len(kept) - 1:  # the kept part starts at a line's start
-            kept = kept[newline + 1:]
+            kept = kept[newline + 1 :]
         dropped = self.dropped + self.tail_bytes - len(kept)
-        note = (f"\n[trainflow: {dropped} bytes of this node's output dropped here; the log keeps its first "
-                f"{self.head} and last {self.tail_size} bytes (tracking.max_node_log_mb)]\n").encode()
+        note = (
+            f"\n[trainflow: {dropped} bytes of this node's output dropped here; the log keeps its first "
+            f"{self.head} and last {self.tail_size} bytes (tracking.max_node_log_mb)]\n"
+        ).encode()
         os.pwrite(self.fd, note + kept, self.written)
         os.ftruncate(self.fd, self.written + len(note) + len(kept))
         self.rewritten_at = time.monotonic()

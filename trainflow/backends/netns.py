@@ -147,7 +147,9 @@ class NodeNetwork:
         namespaces = _ip("netns", "list", check=False).stdout
         links = _ip("-o", "link", "show", check=False).stdout
         left = [f"netns {self.namespace(n)}" for n in range(self.nodes) if self.namespace(n) in namespaces]
-        left += [str(NETNS_ETC / self.namespace(n)) for n in range(self.nodes) if (NETNS_ETC / self.namespace(n)).exists()]
+        left += [
+            str(NETNS_ETC / self.namespace(n)) for n in range(self.nodes) if (NETNS_ETC / self.namespace(n)).exists()
+        ]
         if f" {self.bridge}:" in links or f" {self.bridge}@" in links:
             left.append(f"bridge {self.bridge}")
         return left
@@ -161,8 +163,9 @@ class NodeLinks(Protocol):
     def cut(self, slot: int) -> None: ...
 
 
-def cut_node_link(links: NodeLinks | None, unrecoverable: set[int], slot: int, permanent: bool,
-                  without_links: str) -> str:
+def cut_node_link(
+    links: NodeLinks | None, unrecoverable: set[int], slot: int, permanent: bool, without_links: str
+) -> str:
     """Cut one node slot's link for a node-loss drill (`permanent`: the slot is never restored);
     returns what was cut. RuntimeError(`without_links`) where there are no links to cut."""
     if links is None:

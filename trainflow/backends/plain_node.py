@@ -78,15 +78,22 @@ def prepare_node(argv: list[str]) -> CopyWatch | None:
     os.environ[RESTORED_FROM_ENV] = f"{storage.uri}/{restored.prefix}" if resuming else ""
     if resuming:
         argv.extend(config.plain_resume_args)
-        say(f"restored {storage.uri}/{restored.prefix} into {folder}; the script resumes with "
-            f"{' '.join(config.plain_resume_args) or 'no extra arguments'}")
+        say(
+            f"restored {storage.uri}/{restored.prefix} into {folder}; the script resumes with "
+            f"{' '.join(config.plain_resume_args) or 'no extra arguments'}"
+        )
     elif config.restore_prefix:
         say(f"no copy of {config.plain_checkpoint_dir} verified: the script starts from scratch")
     if config.node != 0:
         return None
     identity = CopyIdentity(config.run_id, config.world_size, config.spec_hash, config.code_version)
-    watch = CopyWatch(folder, storage, identity, Path(config.node_scratch) / f"plain-copy-{config.attempt}",
-                      os.environ.get(RECORDS_ENV))
+    watch = CopyWatch(
+        folder,
+        storage,
+        identity,
+        Path(config.node_scratch) / f"plain-copy-{config.attempt}",
+        os.environ.get(RECORDS_ENV),
+    )
     watch.start()
     return watch
 
@@ -144,6 +151,8 @@ class CopyWatch:
         if committed is None:
             return False  # it changed while copied: the script is writing
         self.copied, self._failed_at = state, None
-        say(f"copied {self.folder} to {self.storage.uri}/{committed.prefix} ({committed.manifest.total_bytes} bytes, "
-            f"{time.perf_counter() - started:.2f}s)")
+        say(
+            f"copied {self.folder} to {self.storage.uri}/{committed.prefix} ({committed.manifest.total_bytes} bytes, "
+            f"{time.perf_counter() - started:.2f}s)"
+        )
         return True

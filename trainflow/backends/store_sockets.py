@@ -95,13 +95,20 @@ def install_from_environment() -> None:
                 listener = store_socket(host, port)
             except OSError as exc:  # the port was chosen elsewhere, and something here has taken it since
                 raise backend.RendezvousConnectionError(
-                    f"the rendezvous port {host}:{port} cannot be listened on: {exc}") from exc
+                    f"the rendezvous port {host}:{port} cannot be listened on: {exc}"
+                ) from exc
             if listener is None:
                 return create_rendezvous_store(params)
         timeout = timedelta(seconds=params.get_as_int("read_timeout", 60))
         with listener:  # the store listens on a duplicate of its own; this one closes here
-            return TCPStore(host, port, is_master=True, multi_tenant=True, timeout=timeout,
-                            master_listen_fd=os.dup(listener.fileno()))
+            return TCPStore(
+                host,
+                port,
+                is_master=True,
+                multi_tenant=True,
+                timeout=timeout,
+                master_listen_fd=os.dup(listener.fileno()),
+            )
 
     def workers_store(self, master_addr, master_port):
         listener = store_socket(master_addr, master_port)
@@ -109,8 +116,13 @@ def install_from_environment() -> None:
             return create_workers_store(self, master_addr, master_port)
         with listener:
             port = listener.getsockname()[1]
-            return TCPStore(host_name=master_addr, port=port, is_master=True, multi_tenant=True,
-                            master_listen_fd=os.dup(listener.fileno()))
+            return TCPStore(
+                host_name=master_addr,
+                port=port,
+                is_master=True,
+                multi_tenant=True,
+                master_listen_fd=os.dup(listener.fileno()),
+            )
 
     handler = dynamic_rendezvous.DynamicRendezvousHandler
     create_workers_store = handler._create_tcp_store_server

@@ -15,15 +15,22 @@ TIER_FOLDER = "checkpoints"  # <node scratch>/checkpoints is each node's tier (t
 def newer_local_checkpoints(scratch: Path, run_id: str, durable_step: int | None) -> list[Path]:
     """Every node's newest committed local checkpoint folder of the run, if its step is past
     `durable_step` (None: nothing is known to be durable)."""
-    committed = {
-        node: LocalTier(node / TIER_FOLDER).committed(run_id)
-        for node in sorted(scratch.iterdir()) if (node / TIER_FOLDER).is_dir()
-    } if scratch.is_dir() else {}
+    committed = (
+        {
+            node: LocalTier(node / TIER_FOLDER).committed(run_id)
+            for node in sorted(scratch.iterdir())
+            if (node / TIER_FOLDER).is_dir()
+        }
+        if scratch.is_dir()
+        else {}
+    )
     newest = max((held[-1].step for held in committed.values() if held), default=None)
     if newest is None or (durable_step is not None and newest <= durable_step):
         return []
     # a step saved again by a later attempt: its newest save is the one to keep
-    return [node / TIER_FOLDER / held[-1].prefix for node, held in committed.items() if held and held[-1].step == newest]
+    return [
+        node / TIER_FOLDER / held[-1].prefix for node, held in committed.items() if held and held[-1].step == newest
+    ]
 
 
 def keep_newer_local_checkpoints(scratch: Path, run_id: str, durable_step: int | None, destination: Path) -> list[str]:

@@ -74,8 +74,9 @@ def next_number(storage: Storage, run_id: str) -> int:
     return max((n for n in numbers if n is not None), default=0) + 1
 
 
-def take_copy(folder: Path, state: FolderState, storage: Storage, identity: CopyIdentity,
-              aside: Path) -> Committed | None:
+def take_copy(
+    folder: Path, state: FolderState, storage: Storage, identity: CopyIdentity, aside: Path
+) -> Committed | None:
     """Copy the folder's files aside, and commit them as the run's next copy if none changed
     meanwhile; None when one did (the script is writing: the next quiet moment will do)."""
     shutil.rmtree(aside, ignore_errors=True)
@@ -89,9 +90,14 @@ def take_copy(folder: Path, state: FolderState, storage: Storage, identity: Copy
         while True:
             prefix = checkpoint_prefix(identity.run_id, next_number(storage, identity.run_id))
             storage.upload_many([(aside / entry.name, f"{prefix}/{entry.name}") for entry in files])
-            manifest = Manifest(step=step_of(prefix) or 0, world_size=identity.world_size,
-                                spec_hash=identity.spec_hash, code_version=identity.code_version,
-                                run_id=identity.run_id, files=files)
+            manifest = Manifest(
+                step=step_of(prefix) or 0,
+                world_size=identity.world_size,
+                spec_hash=identity.spec_hash,
+                code_version=identity.code_version,
+                run_id=identity.run_id,
+                files=files,
+            )
             try:
                 storage.put_if_absent(f"{prefix}/{MANIFEST_NAME}", manifest.to_json().encode())
             except AlreadyExists:
@@ -114,8 +120,11 @@ class Restored:
 def restore_newest(storage: Storage, chosen: str, folder: Path) -> Restored:
     """Put `chosen` (a copy's prefix) into `folder`, or the newest older copy of its run that verifies."""
     restored = Restored()
-    older = sorted((c for c in list_committed(storage, chosen.rsplit("/", 1)[0]) if c.prefix != chosen),
-                   key=lambda c: c.step, reverse=True)
+    older = sorted(
+        (c for c in list_committed(storage, chosen.rsplit("/", 1)[0]) if c.prefix != chosen),
+        key=lambda c: c.step,
+        reverse=True,
+    )
     chosen_step = step_of(chosen + "/")
     candidates = [chosen, *(c.prefix for c in older if chosen_step is None or c.step < chosen_step)]
     for prefix in candidates:
@@ -158,8 +167,13 @@ def _matches(path: Path, entry: FileEntry) -> bool:
 
 def record_restore(storage: Storage, run_id: str, attempt: int, node: int, restored: Restored) -> None:
     key = f"{run_id}/{RESTORES}/attempt-{attempt:05d}-node-{node}.json"
-    record = {"attempt": attempt, "node": node, "restored": restored.prefix, "rejected": restored.rejected,
-              "t": time.time()}
+    record = {
+        "attempt": attempt,
+        "node": node,
+        "restored": restored.prefix,
+        "rejected": restored.rejected,
+        "t": time.time(),
+    }
     try:
         storage.put_if_absent(key, json.dumps(record).encode())
     except AlreadyExists:

@@ -111,9 +111,7 @@ class LocalStorage:
             if not base.exists():
                 return []
             return sorted(
-                str(p.relative_to(self.root))
-                for p in base.rglob("*")
-                if p.is_file() and PARTIAL not in p.name
+                str(p.relative_to(self.root)) for p in base.rglob("*") if p.is_file() and PARTIAL not in p.name
             )
 
     def delete(self, keys: list[str]) -> None:

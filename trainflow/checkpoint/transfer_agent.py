@@ -32,7 +32,6 @@ from pathlib import Path
 
 from trainflow.checkpoint.storage import StorageError
 
-
 _STARTING = threading.Lock()  # held while an agent is started; os.fork() waits for it
 os.register_at_fork(before=_STARTING.acquire, after_in_parent=_STARTING.release, after_in_child=_STARTING.release)
 
@@ -86,7 +85,10 @@ class TransferAgent:
             with _STARTING:
                 self._proc = subprocess.Popen(
                     [sys.executable, "-m", "trainflow.checkpoint.transfer_agent", self.uri, str(os.getpid())],
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    bufsize=1,
                 )
         return self._proc
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -15,12 +15,15 @@ automation_app = typer.Typer(no_args_is_help=True, help="Prefect automations for
 @automation_app.command("install")
 def automation_install(
     webhook_url: Annotated[
-        Optional[str], typer.Option("--webhook-url", help="POST each failure as JSON {subject, text} to this URL.")
+        str | None, typer.Option("--webhook-url", help="POST each failure as JSON {subject, text} to this URL.")
     ] = None,
     block: Annotated[
-        Optional[str], typer.Option("--block", help="A notification block you configured, as TYPE/NAME (e.g. slack-webhook/ml-team).")
+        str | None,
+        typer.Option("--block", help="A notification block you configured, as TYPE/NAME (e.g. slack-webhook/ml-team)."),
     ] = None,
-    name: Annotated[str, typer.Option("--name", help="Name of the automation (replaced if it exists).")] = "trainflow-failures",
+    name: Annotated[
+        str, typer.Option("--name", help="Name of the automation (replaced if it exists).")
+    ] = "trainflow-failures",
     as_json: Annotated[bool, typer.Option("--json", help="End with one JSON line: what was installed.")] = False,
 ) -> None:
     """Notify on every failed attempt and failed run, through a webhook or a notification block."""
@@ -30,8 +33,10 @@ def automation_install(
         installed = install(name=name, webhook_url=webhook_url, block=block)
     except AutomationError as exc:
         fail_input(str(exc), as_json)
-    typer.echo(f"automation {installed['name']} ({installed['automation_id']}) notifies through {installed['block']} "
-               f"on {', '.join(installed['events'])}")
+    typer.echo(
+        f"automation {installed['name']} ({installed['automation_id']}) notifies through {installed['block']} "
+        f"on {', '.join(installed['events'])}"
+    )
     if as_json:
         typer.echo(json.dumps(installed))
 

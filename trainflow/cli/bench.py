@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -16,7 +16,7 @@ bench_app = typer.Typer(no_args_is_help=True, help="Measure trainflow's parts on
 def bench_checkpoint(
     size_mb: Annotated[int, typer.Option("--size-mb", help="Checkpoint size (parameters + momentum), MiB.")] = 64,
     uri: Annotated[
-        Optional[str], typer.Option("--uri", help="s3://bucket/prefix to use (default: start an own moto_server).")
+        str | None, typer.Option("--uri", help="s3://bucket/prefix to use (default: start an own moto_server).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="End with one JSON line: the figures.")] = False,
 ) -> None:
@@ -47,9 +47,10 @@ def bench_scale(
     from trainflow.drills.bench.scale import BenchError, Options, run_benchmark
 
     try:
-        figures = run_benchmark(Options(ranks=ranks, steps_per_s=steps_per_s, seconds=seconds,
-                                        heartbeat_timeout_s=heartbeat_timeout_s),
-                                log=lambda text: typer.echo(text, err=True))
+        figures = run_benchmark(
+            Options(ranks=ranks, steps_per_s=steps_per_s, seconds=seconds, heartbeat_timeout_s=heartbeat_timeout_s),
+            log=lambda text: typer.echo(text, err=True),
+        )
     except BenchError as exc:
         fail_input(str(exc))
     if as_json:

@@ -24,7 +24,6 @@ def fail_input(message: str, as_json: bool = False) -> None:
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
-
 @contextmanager
 def live_progress():
     """A progress bar (step, loss, attempt, ETA) on stderr when it is a terminal."""
@@ -58,7 +57,6 @@ def finish(state, as_json: bool) -> None:
 
         typer.echo(json.dumps(RunSummary.model_validate(summary).as_json_dict()))
     raise typer.Exit(0 if summary["status"] == "succeeded" else EXIT_FAILED)
-
 
 
 def print_summary(summary: dict) -> None:

@@ -6,7 +6,7 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -78,9 +78,21 @@ def quota_list(
     with _server_answers():
         limits, stale = _limits_and_stale()
     if as_json:
-        typer.echo(json.dumps([{"team": limit.team, "limit": limit.name, "devices": limit.devices,
-                                "held": limit.held, "stale": _stale_of(stale, limit.name), "active": limit.active}
-                               for limit in limits]))
+        typer.echo(
+            json.dumps(
+                [
+                    {
+                        "team": limit.team,
+                        "limit": limit.name,
+                        "devices": limit.devices,
+                        "held": limit.held,
+                        "stale": _stale_of(stale, limit.name),
+                        "active": limit.active,
+                    }
+                    for limit in limits
+                ]
+            )
+        )
         return
     if not limits:
         typer.echo("no team quotas: every team is unlimited (trainflow quota set TEAM --devices N)")
@@ -89,8 +101,10 @@ def quota_list(
     for limit in limits:
         inactive = "" if limit.active else "  (inactive: not enforced)"
         count = _stale_of(stale, limit.name)
-        typer.echo(f"{limit.team:<20} {limit.name:<32} {limit.devices:>7} {limit.held:>5} "
-                   f"{'?' if count is None else count:>5}{inactive}")
+        typer.echo(
+            f"{limit.team:<20} {limit.name:<32} {limit.devices:>7} {limit.held:>5} "
+            f"{'?' if count is None else count:>5}{inactive}"
+        )
     if stale is not None and any(s.stale for s in stale.values()):
         typer.echo("stale: held by runs that no longer exist; `trainflow quota repair` gives them back")
 
@@ -112,7 +126,7 @@ def _stale_of(stale, name: str) -> int | None:
 
 @quota_app.command("repair")
 def quota_repair(
-    team: Annotated[Optional[str], typer.Argument(metavar="[TEAM]", help="One team (default: every team).")] = None,
+    team: Annotated[str | None, typer.Argument(metavar="[TEAM]", help="One team (default: every team).")] = None,
 ) -> None:
     """Give back the devices a team's quota counts as held by runs that no longer exist (a lease the
     server lost in a restart, a release that never reached it)."""
@@ -123,13 +137,17 @@ def quota_repair(
         if name is not None and name not in {limit.name for limit in limits}:
             _fail(f"quota {name}: there is no such quota (trainflow quota list)")
         if stale is None:
-            _fail("quota: a holding run's spec cannot be read, so no held device can be called stale; "
-                  "nothing given back", EXIT_FAILED)
+            _fail(
+                "quota: a holding run's spec cannot be read, so no held device can be called stale; nothing given back",
+                EXIT_FAILED,
+            )
         repaired = [s for s in stale.values() if s.stale and name in (None, s.limit)]
         for slots in repaired:
             _api().give_back_slots(slots.limit, slots.stale)
-            typer.echo(f"quota {slots.limit}: gave back {slots.stale} of {slots.held} held devices "
-                       f"(its runs hold {slots.held_by_runs})")
+            typer.echo(
+                f"quota {slots.limit}: gave back {slots.stale} of {slots.held} held devices "
+                f"(its runs hold {slots.held_by_runs})"
+            )
     if not repaired:
         typer.echo("quota: nothing to repair: every held device belongs to a run that holds it")
 

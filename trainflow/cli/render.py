@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -15,9 +15,9 @@ def render(
     spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="Run spec (YAML) whose backend renders manifests.")],
     out: Annotated[Path, typer.Option("-o", "--out", help="Directory to write the manifests to.")],
     overrides: Annotated[
-        Optional[list[str]], typer.Option("--set", help="Override a spec field: key.path=value (repeatable).")
+        list[str] | None, typer.Option("--set", help="Override a spec field: key.path=value (repeatable).")
     ] = None,
-    run_id: Annotated[Optional[str], typer.Option("--run-id", help="Run id to name the objects by.")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Run id to name the objects by.")] = None,
     attempt: Annotated[int, typer.Option("--attempt", min=1, help="Attempt number.")] = 1,
 ) -> None:
     """Write the manifests an attempt would create (Kubernetes), for review or GitOps (no cluster needed)."""

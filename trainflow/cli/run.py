@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -18,7 +18,7 @@ from trainflow.spec import SpecError, load_spec
 def run(
     spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="Run spec (YAML).")],
     overrides: Annotated[
-        Optional[list[str]], typer.Option("--set", help="Override a spec field: key.path=value (repeatable).")
+        list[str] | None, typer.Option("--set", help="Override a spec field: key.path=value (repeatable).")
     ] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest verified checkpoint.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="End with one JSON line: the run summary.")] = False,
@@ -61,14 +61,14 @@ def rerun(
         bool, typer.Option("--allow-drift", help="Run even if code or environment differ; record the drift.")
     ] = False,
     tracking_uri: Annotated[
-        Optional[str], typer.Option("--tracking-uri", help="Where the run is recorded (default: TRAINFLOW_HOME's).")
+        str | None, typer.Option("--tracking-uri", help="Where the run is recorded (default: TRAINFLOW_HOME's).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="End with one JSON line: the run summary.")] = False,
 ) -> None:
     """Repeat a recorded run with its recorded spec and seed; refuse (exit 2) if code or environment drifted."""
-    from trainflow.repro.environment import EnvironmentMismatch
     from trainflow.home import default_tracking_uri
     from trainflow.preflight import preflight
+    from trainflow.repro.environment import EnvironmentMismatch
     from trainflow.repro.rerun import RerunError, check_rerun, load_recorded_run, refusal
 
     tracking_uri = tracking_uri or default_tracking_uri()
@@ -88,8 +88,7 @@ def rerun(
         from flows.rerun import rerun_training
 
         with live_progress():
-            state = rerun_training(mlflow_run_id, allow_drift=allow_drift, tracking_uri=tracking_uri,
-                                   return_state=True)
+            state = rerun_training(mlflow_run_id, allow_drift=allow_drift, tracking_uri=tracking_uri, return_state=True)
     finish(state, as_json)
 
 

@@ -12,18 +12,23 @@ from contextlib import contextmanager
 
 import typer
 
-from trainflow.reporting.audit import VIA_CLI, launched_via
 from trainflow.cli.output import EXIT_FAILED
 from trainflow.prefect_server import (
-    STARTUP_TIMEOUT_ENV, STARTUP_TIMEOUT_S, ServerError, TemporaryServer, startup_timeout_s,
+    STARTUP_TIMEOUT_ENV,
+    STARTUP_TIMEOUT_S,
+    ServerError,
+    TemporaryServer,
+    startup_timeout_s,
 )
 from trainflow.quota import TEMPORARY_SERVER_ENV
-
+from trainflow.reporting.audit import VIA_CLI, launched_via
 
 # SQLAlchemy's pools (MLflow's store) log, with a traceback, an exception that interrupts returning a
 # connection to the pool: a stop signal landing there would print one, though the run stops cleanly
-POOL_LOGGERS = tuple(f"sqlalchemy.pool.impl.{pool}" for pool in (
-    "QueuePool", "AsyncAdaptedQueuePool", "SingletonThreadPool", "NullPool", "StaticPool", "AssertionPool"))
+POOL_LOGGERS = tuple(
+    f"sqlalchemy.pool.impl.{pool}"
+    for pool in ("QueuePool", "AsyncAdaptedQueuePool", "SingletonThreadPool", "NullPool", "StaticPool", "AssertionPool")
+)
 
 
 class StopSignalInPool(logging.Filter):

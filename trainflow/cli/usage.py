@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -31,12 +31,14 @@ def usage(
     by: Annotated[str, typer.Option("--by", help="Group by team, owner or experiment.")] = "team",
     since: Annotated[str, typer.Option("--since", help="Runs started in this period: 30d, 12h, 2w, 90m.")] = "30d",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
-    as_csv: Annotated[bool, typer.Option("--csv", help="Print the report as CSV, one row per group and a total.")] = False,
+    as_csv: Annotated[
+        bool, typer.Option("--csv", help="Print the report as CSV, one row per group and a total.")
+    ] = False,
     plot: Annotated[
-        Optional[Path], typer.Option("--plot", help="Where to write the PNG (default: TRAINFLOW_HOME/reports/).")
+        Path | None, typer.Option("--plot", help="Where to write the PNG (default: TRAINFLOW_HOME/reports/).")
     ] = None,
     tracking_uri: Annotated[
-        Optional[str], typer.Option("--tracking-uri", help="Where runs are recorded (default: TRAINFLOW_HOME's).")
+        str | None, typer.Option("--tracking-uri", help="Where runs are recorded (default: TRAINFLOW_HOME's).")
     ] = None,
 ) -> None:
     """Device-hours, waste, failures, quota waits and checkpoint bytes per team, owner or experiment."""
@@ -86,14 +88,14 @@ def _compare_limits(report) -> None:
 def audit(
     run_ref: Annotated[str, typer.Argument(metavar="RUN_ID", help="An MLflow run id or a trainflow run id.")],
     tracking_uri: Annotated[
-        Optional[str], typer.Option("--tracking-uri", help="Where the run is recorded (default: TRAINFLOW_HOME's).")
+        str | None, typer.Option("--tracking-uri", help="Where the run is recorded (default: TRAINFLOW_HOME's).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the trail as one JSON object.")] = False,
 ) -> None:
     """Who launched a run, from where and with what; its reruns, attempts and Prefect events."""
+    from trainflow.prefect_api import api_url
     from trainflow.reporting.audit import AuditError, add_events, read_trail
     from trainflow.reporting.audit_render import render_trail
-    from trainflow.prefect_api import api_url
 
     try:
         trail = read_trail(_store(tracking_uri), run_ref)

@@ -9,23 +9,39 @@ and the training runtime imports no pydantic.
 """
 
 from importlib import import_module
+from typing import Any
 
 from trainflow.contracts.attempt import AttemptResult, WorkerMilestones
 from trainflow.contracts.outcome import RETRYABLE, Outcome
 
 _PYDANTIC_MODELS = {
-    "AttemptFigures": "ledger", "RunFigures": "ledger", "RunLedger": "ledger", "run_ledger": "ledger",
-    "RecoveryPhases": "recovery", "recovery_phases": "recovery",
-    "CheckpointRow": "summary", "RunSummary": "summary",
+    "AttemptFigures": "ledger",
+    "RunFigures": "ledger",
+    "RunLedger": "ledger",
+    "run_ledger": "ledger",
+    "RecoveryPhases": "recovery",
+    "recovery_phases": "recovery",
+    "CheckpointRow": "summary",
+    "RunSummary": "summary",
 }
 
 __all__ = [
-    "RETRYABLE", "AttemptFigures", "AttemptResult", "CheckpointRow", "Outcome", "RecoveryPhases", "RunFigures",
-    "RunLedger", "RunSummary", "WorkerMilestones", "recovery_phases", "run_ledger",
+    "RETRYABLE",
+    "AttemptFigures",
+    "AttemptResult",
+    "CheckpointRow",
+    "Outcome",
+    "RecoveryPhases",
+    "RunFigures",
+    "RunLedger",
+    "RunSummary",
+    "WorkerMilestones",
+    "recovery_phases",
+    "run_ledger",
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     module = _PYDANTIC_MODELS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

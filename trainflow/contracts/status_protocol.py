@@ -28,8 +28,8 @@ import json
 import time
 import types
 import typing
-from dataclasses import MISSING, dataclass, field, fields
 from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
 
 PROTOCOL_VERSION = 2
@@ -209,7 +209,20 @@ class Resources:
 
 
 # what a rank may send after its hello
-RankMessage = Heartbeat | Progress | Started | Restored | Checkpoint | Storage | Layout | Error | Preempted | Diverged | Finished | Resources
+RankMessage = (
+    Heartbeat
+    | Progress
+    | Started
+    | Restored
+    | Checkpoint
+    | Storage
+    | Layout
+    | Error
+    | Preempted
+    | Diverged
+    | Finished
+    | Resources
+)
 # what the orchestrator passes on to the watch as they are
 Event = Started | Restored | Checkpoint | Storage | Layout | Error | Preempted | Diverged | Finished
 
@@ -307,8 +320,26 @@ Message = Hello | NodeHello | RankMessage | NodeMessage | Answer | Refused
 
 KINDS: dict[str, type] = {
     cls.kind: cls
-    for cls in (Hello, Heartbeat, Progress, Started, Restored, Checkpoint, Storage, Layout, Error, Preempted,
-                Diverged, Finished, Resources, NodeHello, NodeReport, RankEvent, Answer, Refused)
+    for cls in (
+        Hello,
+        Heartbeat,
+        Progress,
+        Started,
+        Restored,
+        Checkpoint,
+        Storage,
+        Layout,
+        Error,
+        Preempted,
+        Diverged,
+        Finished,
+        Resources,
+        NodeHello,
+        NodeReport,
+        RankEvent,
+        Answer,
+        Refused,
+    )
 }
 EVENT_KINDS = frozenset(cls.kind for cls in typing.get_args(Event))
 
@@ -384,13 +415,18 @@ _SPECS: dict[type, tuple[dict[str, Check], frozenset[str], bool, str]] = {}
 def _spec(cls: type) -> tuple[dict[str, Check], frozenset[str], bool, str]:
     spec = _SPECS.get(cls)
     if spec is None:
-        hints = {name: hint for name, hint in typing.get_type_hints(cls).items()
-                 if typing.get_origin(hint) is not ClassVar}
+        hints = {
+            name: hint for name, hint in typing.get_type_hints(cls).items() if typing.get_origin(hint) is not ClassVar
+        }
         required = frozenset(f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING)
         # every message says when it was sent; a hello's time is its arrival
         timed = "t" in hints and hasattr(cls, "kind") and cls not in (Hello, NodeHello)
-        spec = _SPECS[cls] = ({name: _check_of(hint) for name, hint in hints.items()}, required, timed,
-                              getattr(cls, "kind", cls.__name__))
+        spec = _SPECS[cls] = (
+            {name: _check_of(hint) for name, hint in hints.items()},
+            required,
+            timed,
+            getattr(cls, "kind", cls.__name__),
+        )
     return spec
 
 
@@ -445,6 +481,7 @@ def _compile(hint: Any) -> Check:
                 if cls is None:
                     raise Malformed(f"{where}: a {value.get('kind')!r} message is not allowed here")
                 return _nested(cls, value, where)
+
             return one_of_messages
         checks = [_check_of(o) for o in kinds]
 
@@ -457,8 +494,10 @@ def _compile(hint: Any) -> Check:
                 except Malformed:
                     continue
             raise wrong(where)
+
         return one_of
     if hint is float:
+
         def number(value: Any, where: str) -> float:
             kind = type(value)
             if kind is float:
@@ -466,12 +505,15 @@ def _compile(hint: Any) -> Check:
             if kind is int:
                 return float(value)
             raise wrong(where)
+
         return number
     if hint in (int, str, bool):
+
         def exactly(value: Any, where: str) -> Any:
             if type(value) is not hint:  # a bool is no int here
                 raise wrong(where)
             return value
+
         return exactly
     if origin is list:
         (item,) = typing.get_args(hint)
@@ -481,6 +523,7 @@ def _compile(hint: Any) -> Check:
             if type(value) is not list:
                 raise wrong(where)
             return [check_item(v, where) for v in value]
+
         return items
     if origin is dict:
         _, item = typing.get_args(hint)
@@ -490,6 +533,7 @@ def _compile(hint: Any) -> Check:
             if type(value) is not dict:
                 raise wrong(where)
             return {k: check_value(v, where) for k, v in value.items()}
+
         return mapping
     if isinstance(hint, type) and hasattr(hint, "__dataclass_fields__") and getattr(hint, "row", False):
         columns = [(f.name, _check_of(typing.get_type_hints(hint)[f.name])) for f in fields(hint)]
@@ -499,12 +543,15 @@ def _compile(hint: Any) -> Check:
             if type(value) is not list or not least <= len(value) <= len(columns):
                 raise Malformed(f"{where}: a {hint.__name__} is a list of {least} to {len(columns)} values")
             return hint(*[check(v, name) for (name, check), v in zip(columns, value)])
+
         return row
     if isinstance(hint, type) and hasattr(hint, "__dataclass_fields__"):
+
         def record(value: Any, where: str) -> Any:
             if type(value) is not dict:
                 raise wrong(where)
             return _nested(hint, value, where)
+
         return record
     raise TypeError(f"status_protocol: no checker for {hint!r}")
 

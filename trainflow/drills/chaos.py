@@ -23,8 +23,8 @@ from trainflow.backends import Allocation, AttemptHandle, Launcher
 from trainflow.backends.abilities import CutsNodes, KnowsRankProcesses, PreemptsNodes, SignalsRanks
 from trainflow.checkpoint.catalog import list_committed
 from trainflow.checkpoint.storage import open_storage
-from trainflow.orchestrator.status import StatusServer
 from trainflow.drills.storage_proxy import relay_on
+from trainflow.orchestrator.status import StatusServer
 from trainflow.worker_config import fault_gate_path, gate_arrival_path, gate_signal_path
 
 
@@ -47,15 +47,24 @@ class FaultPlan(BaseModel):
     kind: FaultKind = Field(title="Fault", description="What to break.")
     attempt: int = Field(default=1, ge=1, title="Attempt", description="Which attempt of the run to break.")
     at_step: int = Field(default=30, gt=0, title="At step", description="Inject once every rank has reached this step.")
-    at_s: float | None = Field(default=None, gt=0, le=86400, title="At (s)",
-                               description="Plain scripts: inject this many seconds after the attempt's launch "
-                               "(they report no steps, so there is no step to wait at).")
+    at_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=86400,
+        title="At (s)",
+        description="Plain scripts: inject this many seconds after the attempt's launch "
+        "(they report no steps, so there is no step to wait at).",
+    )
     rank: int | None = Field(default=None, ge=0, title="Rank", description="Target rank (process faults).")
     node: int | None = Field(default=None, ge=0, title="Node", description="Target node (preempt, node-loss).")
     duration_s: float = Field(default=8.0, gt=0, le=600, title="Duration (s)", description="Straggler / outage length.")
     permanent: bool = Field(default=False, title="Permanent", description="node-loss: the node never comes back.")
-    stall: bool = Field(default=False, title="Stall", description="storage-outage: requests wait unanswered for "
-                        "the duration (an endpoint that stops answering) instead of being refused.")
+    stall: bool = Field(
+        default=False,
+        title="Stall",
+        description="storage-outage: requests wait unanswered for "
+        "the duration (an endpoint that stops answering) instead of being refused.",
+    )
     proxy_port: int | None = Field(default=None, title="Storage proxy port", description="Set by the drill.")
 
     def target_rank(self, world_size: int) -> int:
@@ -148,8 +157,16 @@ def worker_pid(channel: StatusServer, rank: int) -> int:
     return pid
 
 
-def inject(plan: FaultPlan, launcher: Launcher, handle: AttemptHandle, channel: StatusServer,
-           allocation: Allocation, checkpoint_uri: str, world_size: int, timeout_s: float = 600) -> Injection:
+def inject(
+    plan: FaultPlan,
+    launcher: Launcher,
+    handle: AttemptHandle,
+    channel: StatusServer,
+    allocation: Allocation,
+    checkpoint_uri: str,
+    world_size: int,
+    timeout_s: float = 600,
+) -> Injection:
     """Wait for the step, then break what the plan says through the backend's ability, then let
     the waiting ranks go on. Returns what was done and when."""
     inability = backend_inability(plan.kind, launcher)
@@ -168,8 +185,16 @@ def open_gate(allocation: Allocation, handle: AttemptHandle) -> None:
         gate.touch()
 
 
-def _inject(plan: FaultPlan, launcher: Launcher, handle: AttemptHandle, channel: StatusServer, allocation: Allocation,
-            checkpoint_uri: str, world_size: int, timeout_s: float) -> Injection:
+def _inject(
+    plan: FaultPlan,
+    launcher: Launcher,
+    handle: AttemptHandle,
+    channel: StatusServer,
+    allocation: Allocation,
+    checkpoint_uri: str,
+    world_size: int,
+    timeout_s: float,
+) -> Injection:
     if plan.at_s is not None:
         return _inject_at_time(plan, launcher, handle, allocation, checkpoint_uri, world_size, timeout_s)
     record = Injection(kind=plan.kind.value)
@@ -213,7 +238,8 @@ def _inject(plan: FaultPlan, launcher: Launcher, handle: AttemptHandle, channel:
             # a scheduler delivers the signal in its own time (Slurm: controller, node daemon, step):
             # the ranks stay at the fault's step until it is there, or it would land steps later
             record.detail["signal_reached_ranks"] = wait_for_signal(
-                gate, handle, world_size, max(0.0, deadline - time.monotonic()))
+                gate, handle, world_size, max(0.0, deadline - time.monotonic())
+            )
     elif kind == FaultKind.node_loss:
         node = plan.target_node(handle.nodes)
         record.injected_at = time.time()
@@ -238,11 +264,22 @@ def _inject(plan: FaultPlan, launcher: Launcher, handle: AttemptHandle, channel:
 
 
 # what a fault at a time can break in a plain script, which reports nothing: its processes and copies
-PLAIN_SIGNALS = {FaultKind.crash: signal.SIGSEGV, FaultKind.kill: signal.SIGKILL, FaultKind.corrupt_checkpoint: signal.SIGKILL}
+PLAIN_SIGNALS = {
+    FaultKind.crash: signal.SIGSEGV,
+    FaultKind.kill: signal.SIGKILL,
+    FaultKind.corrupt_checkpoint: signal.SIGKILL,
+}
 
 
-def _inject_at_time(plan: FaultPlan, launcher: Launcher, handle: AttemptHandle, allocation: Allocation,
-                    checkpoint_uri: str, world_size: int, timeout_s: float) -> Injection:
+def _inject_at_time(
+    plan: FaultPlan,
+    launcher: Launcher,
+    handle: AttemptHandle,
+    allocation: Allocation,
+    checkpoint_uri: str,
+    world_size: int,
+    timeout_s: float,
+) -> Injection:
     """A fault `plan.at_s` seconds after the attempt's launch: a plain script's ranks are found by
     the backend (they never report their pids), and a copy to damage must exist first."""
     record = Injection(kind=plan.kind.value)
@@ -267,8 +304,9 @@ def _inject_at_time(plan: FaultPlan, launcher: Launcher, handle: AttemptHandle, 
         record.target = f"rank {rank} (pid {pids[rank]})"
         if kind == FaultKind.corrupt_checkpoint:
             storage = open_storage(checkpoint_uri)
-            if not wait_while_running(handle, lambda: bool(list_committed(storage, allocation.run_id)),
-                                      max(0.0, deadline - time.monotonic())):
+            if not wait_while_running(
+                handle, lambda: bool(list_committed(storage, allocation.run_id)), max(0.0, deadline - time.monotonic())
+            ):
                 record.detail["skipped"] = "no copy of the script's checkpoint was committed before the attempt ended"
                 return record
             damaged = corrupt_latest_checkpoint(checkpoint_uri, allocation.run_id)
@@ -289,8 +327,15 @@ def _inject_at_time(plan: FaultPlan, launcher: Launcher, handle: AttemptHandle, 
     return record
 
 
-def _slow_down(launcher: SignalsRanks, allocation: Allocation, pid: int, duration_s: float, handle: AttemptHandle,
-               frozen_s: float = 0.015, running_s: float = 0.005) -> None:
+def _slow_down(
+    launcher: SignalsRanks,
+    allocation: Allocation,
+    pid: int,
+    duration_s: float,
+    handle: AttemptHandle,
+    frozen_s: float = 0.015,
+    running_s: float = 0.005,
+) -> None:
     """Make one rank a straggler, as a throttled host would: from outside, freeze it for three
     quarters of every 20 ms, for a while."""
     end = time.monotonic() + duration_s

@@ -34,10 +34,14 @@ def cpu_load(processes: int | None, niceness: int = 0) -> Iterator[CpuLoad | Non
     hogs: list[subprocess.Popen] = []
     try:
         for _ in range(processes):
-            hogs.append(subprocess.Popen(
-                [sys.executable, "-c", BUSY_LOOP], stdin=subprocess.DEVNULL, start_new_session=True,
-                preexec_fn=(lambda: os.nice(niceness)) if niceness else None,
-            ))
+            hogs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", BUSY_LOOP],
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    preexec_fn=(lambda: os.nice(niceness)) if niceness else None,
+                )
+            )
         record.pids = [hog.pid for hog in hogs]
         yield record
     finally:

@@ -30,7 +30,7 @@ NOT_FOR_PLAIN = {
     FaultKind.hang: "a plain script reports no progress, so hang detection is off for it",
     FaultKind.straggler: "a plain script reports no step times, so stragglers are off for it",
     FaultKind.node_loss: "a plain script sends no heartbeats: a node cut off without exiting is seen only when "
-                         "its peers' collectives time out (parallel.collective_timeout_s)",
+    "its peers' collectives time out (parallel.collective_timeout_s)",
     FaultKind.storage_outage: "a plain script's ranks never use the checkpoint store",
 }
 
@@ -43,20 +43,28 @@ def check_plan(spec: RunSpec, plan: FaultPlan) -> None:
     """Refuse drills that cannot work on this spec, naming the option."""
     if is_plain(spec):
         if plan.at_s is None:
-            raise SpecError("--at-s: a plain script reports no steps, so its fault goes in at a time: give --at-s "
-                            "SECONDS after launch")
+            raise SpecError(
+                "--at-s: a plain script reports no steps, so its fault goes in at a time: give --at-s "
+                "SECONDS after launch"
+            )
         if plan.kind in NOT_FOR_PLAIN:
             raise SpecError(f"--fault {plan.kind.value}: {NOT_FOR_PLAIN[plan.kind]}")
         launcher = launcher_for(spec)
         if plan.kind != FaultKind.preempt and not isinstance(launcher, KnowsRankProcesses):
-            raise SpecError(f"--fault {plan.kind.value}: the {launcher.name} backend cannot name a plain script's "
-                            "rank processes (it does not implement KnowsRankProcesses)")
+            raise SpecError(
+                f"--fault {plan.kind.value}: the {launcher.name} backend cannot name a plain script's "
+                "rank processes (it does not implement KnowsRankProcesses)"
+            )
         if plan.kind == FaultKind.corrupt_checkpoint and not spec.workload.plain.checkpoint_dir:
-            raise SpecError("--fault corrupt-checkpoint: a plain script's checkpoints are copied only with "
-                            "workload.plain.checkpoint_dir")
+            raise SpecError(
+                "--fault corrupt-checkpoint: a plain script's checkpoints are copied only with "
+                "workload.plain.checkpoint_dir"
+            )
     elif plan.at_s is not None:
-        raise SpecError("--at-s: only for plain scripts (workload.mode: plain); a runtime script's fault goes in "
-                        "at a step (--at-step)")
+        raise SpecError(
+            "--at-s: only for plain scripts (workload.mode: plain); a runtime script's fault goes in "
+            "at a step (--at-step)"
+        )
     elif plan.at_step >= spec.workload.steps:
         raise SpecError(f"--at-step {plan.at_step}: must be before the last step ({spec.workload.steps})")
     if plan.rank is not None and plan.rank >= spec.world_size:
@@ -68,9 +76,11 @@ def check_plan(spec: RunSpec, plan: FaultPlan) -> None:
     first_checkpoint = spec.checkpoint.every_steps
     if plan.kind == FaultKind.corrupt_checkpoint and plan.at_step <= first_checkpoint:
         # the fault gate guarantees only the save before the fault step's own is committed
-        raise SpecError(f"--at-step {plan.at_step}: corrupt-checkpoint needs a committed checkpoint before the "
-                        f"fault, and the first is at step {first_checkpoint} (checkpoint.every_steps); "
-                        f"use --at-step above {first_checkpoint}")
+        raise SpecError(
+            f"--at-step {plan.at_step}: corrupt-checkpoint needs a committed checkpoint before the "
+            f"fault, and the first is at step {first_checkpoint} (checkpoint.every_steps); "
+            f"use --at-step above {first_checkpoint}"
+        )
     inability = backend_inability(plan.kind, launcher_for(spec))
     if inability:
         raise SpecError(f"--fault {plan.kind.value}: {inability}")
@@ -121,8 +131,9 @@ EXPECTED_OUTCOME = {
 DETECTED_WITHOUT_FAILURE = {FaultKind.straggler: "STRAGGLER"}
 
 
-def drill_report(plan: FaultPlan, summary: dict, baseline: dict, torchrun_restart_s: float | None,
-                 released: bool, every_steps: int) -> dict:
+def drill_report(
+    plan: FaultPlan, summary: dict, baseline: dict, torchrun_restart_s: float | None, released: bool, every_steps: int
+) -> dict:
     """The drill's figures, from the faulted run's summary and the baseline, and its verdict."""
     attempts = summary.get("attempts", [])
     fault = (summary.get("faults") or [{}])[0]
@@ -193,8 +204,14 @@ def plain_verdict(plan: FaultPlan, report: dict, summary: dict, retry: dict | No
     report["resumed_from"] = retry.get("resumed_from") if retry else None
     damaged = str(detail.get("damaged", ""))
     injected_at = fault.get("injected_at") or 0.0
-    before = [c for c in summary.get("checkpoints", []) if c.get("verified") and c.get("committed_at") is not None
-              and c["committed_at"] < injected_at and not (damaged and damaged.startswith(_prefix_of(c["uri"])))]
+    before = [
+        c
+        for c in summary.get("checkpoints", [])
+        if c.get("verified")
+        and c.get("committed_at") is not None
+        and c["committed_at"] < injected_at
+        and not (damaged and damaged.startswith(_prefix_of(c["uri"])))
+    ]
     report["newest_copy_before_fault"] = max(before, key=lambda c: c["step"])["uri"] if before else None
     report["damaged"] = damaged or None
     broken = []
@@ -211,8 +228,9 @@ def plain_verdict(plan: FaultPlan, report: dict, summary: dict, retry: dict | No
         broken.append(f"detected as {report['detected_kind']}, expected {expected}")
     newest, resumed = report["newest_copy_before_fault"], report["resumed_from"]
     if newest is not None and (resumed is None or (step_of(resumed + "/") or 0) < (step_of(newest + "/") or 0)):
-        broken.append(f"resumed from {resumed or 'nothing'}, not from the newest copy committed before the fault "
-                      f"({newest})")
+        broken.append(
+            f"resumed from {resumed or 'nothing'}, not from the newest copy committed before the fault ({newest})"
+        )
     if damaged and resumed and damaged.startswith(_prefix_of(resumed)):
         broken.append(f"resumed from the damaged copy {resumed}")
     report["broken_rules"] = broken
@@ -230,7 +248,9 @@ def phases_line(phases: dict | None) -> str:
     """A recovery's split into phases (contracts/recovery.py), as the drill prints it."""
     if not phases:
         return "no phase split recorded"
-    return ", ".join(f"{name.replace('_', ' ')} {value:.2f}" for name, value in phases.items() if value is not None) + " s"
+    return (
+        ", ".join(f"{name.replace('_', ' ')} {value:.2f}" for name, value in phases.items() if value is not None) + " s"
+    )
 
 
 def newest_before_fault(plan: FaultPlan, report: dict, summary: dict, fault: dict, every_steps: int) -> int | None:
@@ -243,9 +263,15 @@ def newest_before_fault(plan: FaultPlan, report: dict, summary: dict, fault: dic
     detail = fault.get("detail") or {}
     damaged = str(detail.get("damaged", ""))
     injected_at = fault.get("injected_at") or 0.0
-    durable = [c["step"] for c in summary.get("checkpoints", [])
-               if c.get("verified") and c["step"] <= step and f"step-{c['step']:08d}" not in damaged
-               and c.get("committed_at") is not None and c["committed_at"] < injected_at]
+    durable = [
+        c["step"]
+        for c in summary.get("checkpoints", [])
+        if c.get("verified")
+        and c["step"] <= step
+        and f"step-{c['step']:08d}" not in damaged
+        and c.get("committed_at") is not None
+        and c["committed_at"] < injected_at
+    ]
     finished = last_finished_save(step, every_steps, report["fault_at_gate"], report["slowest_step_at_fault"])
     if plan.kind == FaultKind.corrupt_checkpoint:
         finished -= every_steps  # the newest one is the one the fault damaged
@@ -302,17 +328,22 @@ def broken_rules(plan: FaultPlan, report: dict, every_steps: int) -> list[str]:
     if kind is not None and report["detected_kind"] != kind:
         broken.append(f"detected as {report['detected_kind']}, expected {kind}")
     fault_step = at if at is not None else plan.at_step
-    limit = 0 if plan.kind == FaultKind.preempt else lost_steps_limit(
-        fault_step, every_steps, report["fault_at_gate"], report["slowest_step_at_fault"])
+    limit = (
+        0
+        if plan.kind == FaultKind.preempt
+        else lost_steps_limit(fault_step, every_steps, report["fault_at_gate"], report["slowest_step_at_fault"])
+    )
     lost_limit_applies = plan.kind not in (FaultKind.corrupt_checkpoint,) and not (
-        plan.kind == FaultKind.node_loss and plan.permanent)  # a lost node's local copies are gone with it
+        plan.kind == FaultKind.node_loss and plan.permanent
+    )  # a lost node's local copies are gone with it
     if lost_limit_applies and report["lost_steps"] > limit:
         broken.append(f"lost {report['lost_steps']} steps, more than {limit}")
     newest = report.get("newest_checkpoint_before_fault")
     resumed = report["resumed_from_step"]
     if expected and resumed is not None and newest is not None and resumed < newest and lost_limit_applies:
-        broken.append(f"resumed from step {resumed}, older than the newest checkpoint committed before the "
-                      f"fault (step {newest})")
+        broken.append(
+            f"resumed from step {resumed}, older than the newest checkpoint committed before the fault (step {newest})"
+        )
     world_kept = not (plan.kind == FaultKind.node_loss and plan.permanent)
     if world_kept and not report["params_match_baseline"]:
         broken.append("final parameters differ from the baseline's (params_sha256)")
@@ -322,11 +353,24 @@ def broken_rules(plan: FaultPlan, report: dict, every_steps: int) -> list[str]:
 def baseline_failed_report(plan: FaultPlan, summary: dict) -> dict:
     """What a drill says when its fault-free baseline did not succeed: nothing to compare with."""
     return {
-        "fault": plan.kind.value, "injected": False, "target": None, "at_step": plan.at_step,
-        "status": "baseline-failed", "reason": summary.get("reason"), "outcomes": [],
-        "detected_kind": None, "detection_latency_s": None, "recovery_s": None, "recovery_phases": None, "torchrun_restart_s": None,
-        "lost_steps": None, "resumed_from_step": None, "goodput": None, "params_match_baseline": False,
+        "fault": plan.kind.value,
+        "injected": False,
+        "target": None,
+        "at_step": plan.at_step,
+        "status": "baseline-failed",
+        "reason": summary.get("reason"),
+        "outcomes": [],
+        "detected_kind": None,
+        "detection_latency_s": None,
+        "recovery_s": None,
+        "recovery_phases": None,
+        "torchrun_restart_s": None,
+        "lost_steps": None,
+        "resumed_from_step": None,
+        "goodput": None,
+        "params_match_baseline": False,
         "resources_released": bool(summary.get("teardown", {}).get("clean")),
         "baseline_mlflow_run_id": summary.get("mlflow_run_id"),
-        "broken_rules": [f"the fault-free baseline failed: {summary.get('reason')}"], "passed": False,
+        "broken_rules": [f"the fault-free baseline failed: {summary.get('reason')}"],
+        "passed": False,
     }

@@ -21,15 +21,23 @@ from collections import Counter
 from trainflow.backends import launcher_for
 from trainflow.drills.chaos import FaultKind, FaultPlan, backend_inability
 from trainflow.drills.drill import EXPECTED_OUTCOME, lost_steps_limit
-from trainflow.spec import RunSpec, SpecError
 from trainflow.orchestrator.watcher import HANG_FLOOR_S
+from trainflow.spec import RunSpec, SpecError
 
 # every kind that ends an attempt, so one attempt per fault; a storage outage ends it as INFRA
-SOAK_KINDS = (FaultKind.crash, FaultKind.kill, FaultKind.hang, FaultKind.preempt, FaultKind.node_loss,
-              FaultKind.storage_outage, FaultKind.corrupt_checkpoint)
+SOAK_KINDS = (
+    FaultKind.crash,
+    FaultKind.kill,
+    FaultKind.hang,
+    FaultKind.preempt,
+    FaultKind.node_loss,
+    FaultKind.storage_outage,
+    FaultKind.corrupt_checkpoint,
+)
 SOAK_EXPECTED = {**EXPECTED_OUTCOME, FaultKind.storage_outage: "INFRA"}
-NEVER_SOAKED = {FaultKind.straggler: "training goes on under it, no attempt ends; `trainflow drill --fault "
-                                     "straggler` scores it"}
+NEVER_SOAKED = {
+    FaultKind.straggler: "training goes on under it, no attempt ends; `trainflow drill --fault straggler` scores it"
+}
 OUTAGE_PAST_HANG_S = 15.0  # a storage outage outlasts the hang timeout by this much: it must end the attempt
 
 
@@ -41,15 +49,19 @@ def soak_kinds(spec: RunSpec, wanted: list[FaultKind] | None = None) -> tuple[li
     """The kinds this soak injects, and why each other kind is not: asked-for kinds that cannot run
     here are refused, naming the option."""
     missing = {}
-    if not spec.checkpoint.is_remote or not (os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")):
+    if not spec.checkpoint.is_remote or not (
+        os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    ):
         missing[FaultKind.storage_outage] = "needs an s3:// checkpoint.uri and AWS_ENDPOINT_URL_S3"
     if not can_make_hosts():
         missing[FaultKind.node_loss] = "needs root and iproute2 (a network namespace per node)"
     elif FaultKind.storage_outage not in missing:
         # the drills' S3 endpoint and its relay listen on this host's loopback, which a node in its
         # own network namespace cannot reach: node loss is soaked with a checkpoint.uri on local disk
-        missing[FaultKind.node_loss] = ("with an s3:// checkpoint.uri: nodes in network namespaces cannot reach "
-                                        "the S3 endpoint on this host's loopback; soak it with a local checkpoint.uri")
+        missing[FaultKind.node_loss] = (
+            "with an s3:// checkpoint.uri: nodes in network namespaces cannot reach "
+            "the S3 endpoint on this host's loopback; soak it with a local checkpoint.uri"
+        )
     launcher = launcher_for(spec)
     for kind in SOAK_KINDS:  # what the backend cannot inject outranks every other reason
         if inability := backend_inability(kind, launcher):
@@ -88,8 +100,10 @@ def plan_faults(spec: RunSpec, faults: int, seed: int, kinds: list[FaultKind] | 
     if faults < 1:
         raise SpecError("--faults: at least 1")
     if slice_steps < 2 * every:
-        raise SpecError(f"workload.steps: {spec.workload.steps} steps leave {slice_steps} per fault; a soak of "
-                        f"{faults} faults needs at least {2 * every} (2 x checkpoint.every_steps) per fault")
+        raise SpecError(
+            f"workload.steps: {spec.workload.steps} steps leave {slice_steps} per fault; a soak of "
+            f"{faults} faults needs at least {2 * every} (2 x checkpoint.every_steps) per fault"
+        )
     rng = random.Random(seed)
     kinds = list(kinds or [k for k in SOAK_KINDS if k not in (FaultKind.node_loss, FaultKind.storage_outage)])
     rng.shuffle(kinds)
@@ -100,8 +114,17 @@ def plan_faults(spec: RunSpec, faults: int, seed: int, kinds: list[FaultKind] | 
         step = rng.randint(low, (index + 2) * slice_steps - 1)
         rank = rng.randrange(spec.world_size)
         node = rng.randrange(spec.resources.nodes)
-        plans.append(FaultPlan(kind=kinds[index % len(kinds)], attempt=index + 1, at_step=step, rank=rank,
-                               node=node, duration_s=outage_s, stall=True))
+        plans.append(
+            FaultPlan(
+                kind=kinds[index % len(kinds)],
+                attempt=index + 1,
+                at_step=step,
+                rank=rank,
+                node=node,
+                duration_s=outage_s,
+                stall=True,
+            )
+        )
     return plans
 
 
@@ -111,8 +134,7 @@ def damaged_step(injection: dict) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def soak_report(plans: list[FaultPlan], summary: dict, baseline: dict, leftovers: list[str],
-                every_steps: int) -> dict:
+def soak_report(plans: list[FaultPlan], summary: dict, baseline: dict, leftovers: list[str], every_steps: int) -> dict:
     """The soak's figures from the faulted run's summary and the baseline."""
     attempts = summary.get("attempts", [])
     injections = summary.get("faults", [])
@@ -125,10 +147,14 @@ def soak_report(plans: list[FaultPlan], summary: dict, baseline: dict, leftovers
         detected = row["outcome"] if row else None
         matrix[(plan.kind.value, detected)] += 1
         fault = {
-            "kind": plan.kind.value, "attempt": plan.attempt, "at_step": plan.at_step,
-            "injected": bool(injection.get("injected")), "target": injection.get("target"),
+            "kind": plan.kind.value,
+            "attempt": plan.attempt,
+            "at_step": plan.at_step,
+            "injected": bool(injection.get("injected")),
+            "target": injection.get("target"),
             "injected_at_step": (injection.get("detail") or {}).get("step"),
-            "detected": detected, "expected": SOAK_EXPECTED[plan.kind],
+            "detected": detected,
+            "expected": SOAK_EXPECTED[plan.kind],
             "lost_steps": row["lost_steps"] if row else None,
             "resumed_from_step": retry["resumed_from_step"] if retry else None,
         }
@@ -136,8 +162,11 @@ def soak_report(plans: list[FaultPlan], summary: dict, baseline: dict, leftovers
             # found at the restore: the retry resumes from any checkpoint but the damaged one (a newer
             # one may have been committed between the damage and the kill)
             fault["damaged_step"] = damaged_step(injection)
-            fault["rejected_at_restore"] = (fault["damaged_step"] is not None and fault["resumed_from_step"]
-                                            is not None and fault["resumed_from_step"] != fault["damaged_step"])
+            fault["rejected_at_restore"] = (
+                fault["damaged_step"] is not None
+                and fault["resumed_from_step"] is not None
+                and fault["resumed_from_step"] != fault["damaged_step"]
+            )
         per_fault.append(fault)
     failed_attempts = [a for a in attempts if a["outcome"] != "SUCCEEDED"]
     unexplained = [a for a in failed_attempts if a["attempt"] > len(plans)]
@@ -148,16 +177,24 @@ def soak_report(plans: list[FaultPlan], summary: dict, baseline: dict, leftovers
         "faults": len(plans),
         "status": summary.get("status"),
         "reason": summary.get("reason"),
-        "confusion": [{"injected": kind, "detected": detected, "count": count}
-                      for (kind, detected), count in sorted(matrix.items(), key=lambda item: str(item[0]))],
+        "confusion": [
+            {"injected": kind, "detected": detected, "count": count}
+            for (kind, detected), count in sorted(matrix.items(), key=lambda item: str(item[0]))
+        ],
         "per_fault": per_fault,
         "misclassified": [f for f in per_fault if f["detected"] != f["expected"]],
-        "late_injections": [f for f in per_fault if f["injected_at_step"] is None
-                            or abs(f["injected_at_step"] - f["at_step"]) > 1],
+        "late_injections": [
+            f for f in per_fault if f["injected_at_step"] is None or abs(f["injected_at_step"] - f["at_step"]) > 1
+        ],
         # a damaged checkpoint costs the interval before it too: not held to one interval
-        "over_lost": [f for f in per_fault if f["lost_steps"] is not None and f["kind"] != "corrupt-checkpoint"
-                      and f["lost_steps"] > (0 if f["kind"] == "preempt" else
-                                             lost_steps_limit(f["injected_at_step"] or f["at_step"], every_steps))],
+        "over_lost": [
+            f
+            for f in per_fault
+            if f["lost_steps"] is not None
+            and f["kind"] != "corrupt-checkpoint"
+            and f["lost_steps"]
+            > (0 if f["kind"] == "preempt" else lost_steps_limit(f["injected_at_step"] or f["at_step"], every_steps))
+        ],
         "damaged_checkpoints_loaded": [f for f in per_fault if f.get("rejected_at_restore") is False],
         "unexplained_attempts": unexplained,
         "successes_recorded_as_failures": successes_as_failures,
@@ -168,9 +205,15 @@ def soak_report(plans: list[FaultPlan], summary: dict, baseline: dict, leftovers
         "goodput": summary.get("goodput"),
     }
     report["passed"] = (
-        report["status"] == "succeeded" and not report["misclassified"] and not report["late_injections"]
-        and not report["over_lost"] and not report["damaged_checkpoints_loaded"] and not unexplained and not successes_as_failures
-        and report["params_match_baseline"] and not leftovers
+        report["status"] == "succeeded"
+        and not report["misclassified"]
+        and not report["late_injections"]
+        and not report["over_lost"]
+        and not report["damaged_checkpoints_loaded"]
+        and not unexplained
+        and not successes_as_failures
+        and report["params_match_baseline"]
+        and not leftovers
     )
     return report
 

@@ -11,8 +11,8 @@ from trainflow.backends.base import NodeExit
 from trainflow.contracts import AttemptResult, Outcome
 from trainflow.contracts.exit_codes import ORCHESTRATOR_LOST as EXIT_ORCHESTRATOR_LOST
 from trainflow.contracts.exit_codes import STORE_UNREACHABLE
-from trainflow.spec import FaultTolerance
 from trainflow.orchestrator.status import AttemptStatus
+from trainflow.spec import FaultTolerance
 
 INFRA_ERRORS = {"StorageError", "CheckpointInvalid", "ManifestError", "DistNetworkError", "DistStoreError"}
 
@@ -74,7 +74,7 @@ def exception_line(lines: tuple[str, ...] | list[str]) -> str:
     cleaned = [_RANK_PREFIX.sub("", line).rstrip() for line in lines]
     starts = [i for i, line in enumerate(cleaned) if line.strip() == _TRACEBACK]
     if starts:
-        for line in cleaned[starts[-1] + 1:]:
+        for line in cleaned[starts[-1] + 1 :]:
             if line and not line[0].isspace():
                 return line.strip()[:500]
     for line in reversed(cleaned):
@@ -109,9 +109,13 @@ def rank_failures(exits: list[NodeExit], status: AttemptStatus) -> list[RankFail
                 continue
             known = found.get(rank_exit.rank)
             failure = RankFailure(
-                rank_exit.rank, node_exit.node, known.at if known else rank_exit.observed_at,
-                error=known.error if known else None, exitcode=rank_exit.exitcode,
-                stderr_tail=rank_exit.stderr_tail, error_line=rank_exit.error_line,
+                rank_exit.rank,
+                node_exit.node,
+                known.at if known else rank_exit.observed_at,
+                error=known.error if known else None,
+                exitcode=rank_exit.exitcode,
+                stderr_tail=rank_exit.stderr_tail,
+                error_line=rank_exit.error_line,
             )
             echo = known is None and is_peer_failure({"message": last_line(rank_exit.stderr_tail)})
             (echoes if echo else found)[rank_exit.rank] = failure
@@ -143,8 +147,9 @@ def describe_failure(
     error, code = failure.error, failure.exitcode
     if error is not None:
         kind = Outcome.INFRA if error.get("type") in INFRA_ERRORS else Outcome.USER_ERROR
-        return kind, (f"rank {error.get('rank')} raised {error.get('type')} at step {error.get('step')}: "
-                      f"{error.get('message')}")
+        return kind, (
+            f"rank {error.get('rank')} raised {error.get('type')} at step {error.get('step')}: {error.get('message')}"
+        )
     ranked = status.ranks.get(failure.rank) if failure.rank is not None else None
     at_step = f" at step {ranked.step}" if ranked is not None and status.first_step_at else ""
     said = exception_line(failure.stderr_tail) or failure.error_line
@@ -167,9 +172,11 @@ def describe_failure(
         after_s = max(0.0, (failure.at or time.time()) - window.started_at)
         if after_s <= window.startup_window_s:
             # still starting: a bad argument, a missing file, an import error -- the script's to fix
-            return Outcome.USER_ERROR, (f"{failure.who} exited with code {code} {after_s:.0f}s after launch, within "
-                                        f"fault_tolerance.plain_startup_window_s ({window.startup_window_s:g}s)"
-                                        f"{quoted}")
+            return Outcome.USER_ERROR, (
+                f"{failure.who} exited with code {code} {after_s:.0f}s after launch, within "
+                f"fault_tolerance.plain_startup_window_s ({window.startup_window_s:g}s)"
+                f"{quoted}"
+            )
         return Outcome.CRASHED, f"{failure.who} exited with code {code} {after_s:.0f}s after launch{quoted}"
     if status.first_step_at is None:
         # nothing trained yet: a bad argument, a missing file, an import error -- the script's to fix
@@ -187,12 +194,16 @@ def stopped_by_sigterm(node_exit: NodeExit) -> bool:
     """The node's agent was stopped by SIGTERM (a preemption, scancel, the orchestrator) and no rank
     of it failed on its own."""
     code = node_exit.returncode
-    return (code in (-signal.SIGTERM, 128 + signal.SIGTERM)
-            and all(r.exitcode in (0, -signal.SIGTERM) and not r.root_cause for r in node_exit.ranks))
+    return code in (-signal.SIGTERM, 128 + signal.SIGTERM) and all(
+        r.exitcode in (0, -signal.SIGTERM) and not r.root_cause for r in node_exit.ranks
+    )
 
 
 def classify_exit(
-    exits: list[NodeExit], status: AttemptStatus, world_size: int | None = None, plain: bool = False,
+    exits: list[NodeExit],
+    status: AttemptStatus,
+    world_size: int | None = None,
+    plain: bool = False,
     window: PlainWindow | None = None,
 ) -> tuple[Outcome, str]:
     """The outcome of an attempt that ended because its processes exited.
@@ -276,8 +287,11 @@ def decide(policy: FaultTolerance, results: list[AttemptResult]) -> Decision:
     if len(results) >= 2 and last.outcome != Outcome.PREEMPTED:
         previous = results[-2]
         # a plain script reports no steps: the same failure from the same restored copy is the loop
-        if (previous.outcome == last.outcome and previous.last_step == last.last_step
-                and previous.resumed_from == last.resumed_from):
+        if (
+            previous.outcome == last.outcome
+            and previous.last_step == last.last_step
+            and previous.resumed_from == last.resumed_from
+        ):
             return Decision(
                 False, f"crash loop: {last.outcome.value} twice at step {last.last_step}, stopping ({last.reason})"
             )

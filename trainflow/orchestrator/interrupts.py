@@ -50,8 +50,12 @@ def teardown_not_interrupted() -> Iterator[None]:
     previous = {signum: signal.getsignal(signum) for signum in HELD}
 
     def hold(signum, frame):
-        print(f"trainflow: {signal_name(signum)} received while tearing down; finishing teardown first "
-              "(send it again to stop now)", file=sys.stderr, flush=True)
+        print(
+            f"trainflow: {signal_name(signum)} received while tearing down; finishing teardown first "
+            "(send it again to stop now)",
+            file=sys.stderr,
+            flush=True,
+        )
         for held, handler in previous.items():
             signal.signal(held, handler)
 

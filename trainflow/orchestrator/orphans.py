@@ -35,7 +35,7 @@ def write_marker(scratch: Path, run_id: str, mlflow_run_id: str, tracking_uri: s
                 "tracking_uri": tracking_uri,
                 "network": network,
             }
-        )
+        ),
     )
 
 
@@ -74,8 +74,13 @@ def clear_unprovisioned(run_id: str, root: Path | None = None) -> dict:
     existed = scratch.exists()
     stopped = _clear(run_id, scratch, network)
     survivors = [f"{scratch} could not be removed"] if scratch.exists() else []
-    return {"stopped_processes": stopped, "released_ports": [], "removed_paths": [str(scratch)] if existed else [],
-            "survivors": survivors, "clean": not survivors}
+    return {
+        "stopped_processes": stopped,
+        "released_ports": [],
+        "removed_paths": [str(scratch)] if existed else [],
+        "survivors": survivors,
+        "clean": not survivors,
+    }
 
 
 def _clear(run_id: str, scratch: Path, network: dict | None) -> int:

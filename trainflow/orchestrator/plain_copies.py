@@ -52,5 +52,14 @@ class CopyFeed:
                 manifest = read_manifest(self.storage, prefix)
             except ManifestError:
                 continue  # not a copy the catalog would ever load
-            self.publish({"kind": "checkpoint", "status": "committed", "step": manifest.step, "prefix": prefix,
-                          "t": manifest.committed_at, "bytes": manifest.total_bytes, "attempt": self.attempt})
+            self.publish(
+                {
+                    "kind": "checkpoint",
+                    "status": "committed",
+                    "step": manifest.step,
+                    "prefix": prefix,
+                    "t": manifest.committed_at,
+                    "bytes": manifest.total_bytes,
+                    "attempt": self.attempt,
+                }
+            )

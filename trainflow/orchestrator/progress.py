@@ -46,17 +46,25 @@ def current() -> Progress:
 def draw_while(running: threading.Event) -> None:
     """Redraw a rich progress bar on stderr until `running` is cleared."""
     from rich.console import Console
-    from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
+    from rich.progress import Progress as Bar
 
-    with Bar(TextColumn("attempt {task.fields[attempt]}"), BarColumn(), TextColumn("{task.fields[steps]}"),
-             TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(), console=Console(stderr=True),
-             transient=True) as bar:
+    with Bar(
+        TextColumn("attempt {task.fields[attempt]}"),
+        BarColumn(),
+        TextColumn("{task.fields[steps]}"),
+        TextColumn("loss {task.fields[loss]}"),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
         task = bar.add_task("train", total=1, attempt=1, loss="-", steps=steps_text(current()))
         while running.is_set():
             now = current()
             loss = f"{now.loss:.4f}" if now.loss is not None else "-"
-            bar.update(task, completed=now.step, total=max(now.total, 1), attempt=now.attempt, loss=loss,
-                       steps=steps_text(now))
+            bar.update(
+                task, completed=now.step, total=max(now.total, 1), attempt=now.attempt, loss=loss, steps=steps_text(now)
+            )
             time.sleep(0.25)
 
 

@@ -31,16 +31,22 @@ class RuleMatch:
     matched: str  # what matched: "exit code 3", "SIGKILL", or the matching line
 
     def record(self) -> dict:
-        return {"rule": self.name, "means": self.rule.describe(), "matched": self.matched,
-                "rank": self.failure.rank, "node": self.failure.node,
-                "outcome": self.rule.outcome.value if self.rule.outcome else None,
-                "action": self.rule.action.value if self.rule.action else None}
+        return {
+            "rule": self.name,
+            "means": self.rule.describe(),
+            "matched": self.matched,
+            "rank": self.failure.rank,
+            "node": self.failure.node,
+            "outcome": self.rule.outcome.value if self.rule.outcome else None,
+            "action": self.rule.action.value if self.rule.action else None,
+        }
 
 
 def ordered_rules(policy: FaultTolerance) -> list[tuple[str, RetryRule]]:
     """The spec's rules in their order, then the built-in ones."""
-    return ([(f"fault_tolerance.rules[{i}]", rule) for i, rule in enumerate(policy.rules)]
-            + [(f"built-in rule '{name}'", rule) for name, rule in BUILT_IN_RULES])
+    return [(f"fault_tolerance.rules[{i}]", rule) for i, rule in enumerate(policy.rules)] + [
+        (f"built-in rule '{name}'", rule) for name, rule in BUILT_IN_RULES
+    ]
 
 
 def evidence_lines(failure: RankFailure, exits: list[NodeExit]) -> list[str]:
@@ -111,15 +117,18 @@ def decide_by_rule(policy: FaultTolerance, results: list[AttemptResult]) -> Deci
     if action == RuleAction.stop.value:
         return Decision(False, f"{last.outcome.value} stopped by rule: {last.reason}")
     if len(results) >= 2 and results[-2].outcome == last.outcome and results[-2].last_step == last.last_step:
-        return Decision(False, f"crash loop: {last.outcome.value} twice at step {last.last_step}, stopping ({last.reason})")
+        return Decision(
+            False, f"crash loop: {last.outcome.value} twice at step {last.last_step}, stopping ({last.reason})"
+        )
     used = sum(1 for r in results if _budget(r, policy) == "restart")
     if used > policy.max_restarts:
         return Decision(False, f"restart budget spent ({policy.max_restarts}): {last.outcome.value}: {last.reason}")
     retries = sum(1 for r in results if r.outcome != Outcome.PREEMPTED)
     backoff = min(policy.backoff_max_s, policy.backoff_s * 2 ** (retries - 2)) if retries > 1 else 0.0
     what = "retry without its node" if action == RuleAction.exclude_node.value else "retry"
-    return Decision(True, f"{last.outcome.value}: {last.reason}; {what} by rule, restart {used} of "
-                          f"{policy.max_restarts}", backoff)
+    return Decision(
+        True, f"{last.outcome.value}: {last.reason}; {what} by rule, restart {used} of {policy.max_restarts}", backoff
+    )
 
 
 def excluded_node(result: AttemptResult) -> int | None:

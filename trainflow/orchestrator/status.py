@@ -29,8 +29,25 @@ from typing import Any
 
 from trainflow.contracts import WorkerMilestones
 from trainflow.contracts.status_protocol import (
-    Diverged, Error, Event, Finished, Heartbeat, Hello, Malformed, NodeHello, NodeReport, Preempted, Progress,
-    RankEvent, RankMark, Resources, Restored, Started, StepSum, decode_object, plain,
+    Diverged,
+    Error,
+    Event,
+    Finished,
+    Heartbeat,
+    Hello,
+    Malformed,
+    NodeHello,
+    NodeReport,
+    Preempted,
+    Progress,
+    RankEvent,
+    RankMark,
+    Resources,
+    Restored,
+    Started,
+    StepSum,
+    decode_object,
+    plain,
 )
 from trainflow.orchestrator.rank_steps import StepReport, mean_over_ranks
 from trainflow.orchestrator.status_limits import ChannelLimits
@@ -141,7 +158,10 @@ class AttemptSummary:
 
 class StatusServer:
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, advertise_host: str | None = None,
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        advertise_host: str | None = None,
         limits: ChannelLimits = ChannelLimits(),
     ):
         self.token = secrets.token_hex(16)
@@ -180,7 +200,9 @@ class StatusServer:
             current = self._attempt
             return replace(
                 current,
-                ranks={k: replace(v, compute_s=deque(v.compute_s, maxlen=COMPUTE_WINDOW)) for k, v in current.ranks.items()},
+                ranks={
+                    k: replace(v, compute_s=deque(v.compute_s, maxlen=COMPUTE_WINDOW)) for k, v in current.ranks.items()
+                },
                 nodes={k: replace(v, ranks=set(v.ranks)) for k, v in current.nodes.items()},
                 finished=dict(current.finished) if current.finished else None,
                 finished_ranks={k: dict(v) for k, v in current.finished_ranks.items()},
@@ -194,19 +216,31 @@ class StatusServer:
             current = self._attempt
             everyone_leaving = current.preempted is not None or current.diverged is not None
             leaving = len(current.ranks) if everyone_leaving else len(set(current.finished_ranks) | current.error_ranks)
-            silent = None if everyone_leaving else min(
-                (n for n in current.nodes.values() if n.oldest_rank is not None),
-                key=lambda n: n.oldest_seen, default=None,
+            silent = (
+                None
+                if everyone_leaving
+                else min(
+                    (n for n in current.nodes.values() if n.oldest_rank is not None),
+                    key=lambda n: n.oldest_seen,
+                    default=None,
+                )
             )
             fallback = current.first_step_at or current.started_at
             stalled = min((n.least_progressed_at or fallback for n in current.nodes.values()), default=fallback)
             return AttemptSummary(
-                attempt=current.attempt, world_size=current.world_size, started_at=current.started_at,
-                first_step_at=current.first_step_at, known=len(current.ranks), leaving=leaving,
-                silent_rank=silent.oldest_rank if silent else None, silent_node=silent.node if silent else None,
-                silent_since=silent.oldest_seen if silent else float("inf"), stalled_since=stalled,
+                attempt=current.attempt,
+                world_size=current.world_size,
+                started_at=current.started_at,
+                first_step_at=current.first_step_at,
+                known=len(current.ranks),
+                leaving=leaving,
+                silent_rank=silent.oldest_rank if silent else None,
+                silent_node=silent.node if silent else None,
+                silent_since=silent.oldest_seen if silent else float("inf"),
+                stalled_since=stalled,
                 slowest_step_s=max((n.slowest_step_s for n in current.nodes.values()), default=0.0),
-                max_step=max((r.step for r in current.ranks.values()), default=0) if len(current.ranks) < 64
+                max_step=max((r.step for r in current.ranks.values()), default=0)
+                if len(current.ranks) < 64
                 else self._max_step_of_nodes(current),
             )
 
@@ -281,11 +315,24 @@ class StatusServer:
             losses = {r: m["loss"] for r, m in current.finished_ranks.items() if m.get("loss") is not None}
             current.finished = {**current.finished_ranks[0], "loss": mean_over_ranks(losses) if losses else None}
             first = current.ranks[0]
-            self.events.put(RankReport(0, first.node, current.attempt, first.pid, Finished(
-                step=current.finished["step"], loss=current.finished["loss"],
-                params_sha256=current.finished.get("params_sha256"), t=current.finished["t"])))
+            self.events.put(
+                RankReport(
+                    0,
+                    first.node,
+                    current.attempt,
+                    first.pid,
+                    Finished(
+                        step=current.finished["step"],
+                        loss=current.finished["loss"],
+                        params_sha256=current.finished.get("params_sha256"),
+                        t=current.finished["t"],
+                    ),
+                )
+            )
 
-    def _rank(self, current: AttemptStatus, stream: _Stream, rank: int, node: int, pid: int | None) -> RankStatus | None:
+    def _rank(
+        self, current: AttemptStatus, stream: _Stream, rank: int, node: int, pid: int | None
+    ) -> RankStatus | None:
         """The rank a stream speaks for, unless it may not speak for it now: the rank is outside
         the world, or another node or process has spoken for it (a worker keeps its pid for the
         whole attempt)."""
@@ -296,8 +343,11 @@ class StatusServer:
             stream.refuse(rank, f"attempt {current.attempt} has ranks 0-{current.world_size - 1}")
             return None
         if status is not None:
-            stream.refuse(rank, f"rank {rank} is process {status.pid} of node {status.node} in attempt "
-                                f"{current.attempt}, not {pid} of node {node}")
+            stream.refuse(
+                rank,
+                f"rank {rank} is process {status.pid} of node {status.node} in attempt "
+                f"{current.attempt}, not {pid} of node {node}",
+            )
             return None
         status = current.ranks[rank] = RankStatus(rank=rank, node=node, pid=pid)
         current.nodes.setdefault(node, NodeStatus(node)).ranks.add(rank)

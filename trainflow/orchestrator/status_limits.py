@@ -19,13 +19,13 @@ from trainflow.relay.lines import LineBuffer, LineTooLong
 
 __all__ = ["ChannelLimits", "LineBuffer", "LineTooLong", "PendingConnections"]
 
+
 @dataclass(frozen=True)
 class ChannelLimits:
     hello_timeout_s: float = 5.0  # from accepting a connection to reading its hello
     max_line_bytes: int = 1 << 20  # any line, hello or later; a longer one closes the connection
     max_pending_per_peer: int = 32  # connections without a hello yet, from one address
     max_pending: int = 1024  # connections without a hello yet, from everywhere (no thread each)
-
 
 
 class PendingConnections:

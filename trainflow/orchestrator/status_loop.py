@@ -22,7 +22,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from trainflow.contracts.status_protocol import PROTOCOL_VERSION, Answer, Hello, Malformed, NodeHello, Refused, decode, encode
+from trainflow.contracts.status_protocol import (
+    PROTOCOL_VERSION,
+    Answer,
+    Hello,
+    Malformed,
+    NodeHello,
+    Refused,
+    decode,
+    encode,
+)
 from trainflow.orchestrator.status_limits import ChannelLimits, LineBuffer, LineTooLong, PendingConnections
 
 log = logging.getLogger("trainflow.orchestrator.status")
@@ -67,7 +76,11 @@ def raise_open_files_limit() -> int:
 
 class ChannelLoop:
     def __init__(
-        self, host: str, port: int, token: str, limits: ChannelLimits,
+        self,
+        host: str,
+        port: int,
+        token: str,
+        limits: ChannelLimits,
         open_stream: Callable[[Hello | NodeHello, str], Stream | str | None],
     ):
         self.token = token
@@ -169,7 +182,7 @@ class ChannelLoop:
                 self._close(conn)
                 return
             lines = lines[1:]
-        if lines:
+        if lines and conn.stream is not None:  # bound by its hello
             conn.stream.lines(lines, read_at)
         now = time.monotonic()
         if now - conn.answered_at >= ANSWER_EVERY_S:
@@ -189,8 +202,10 @@ class ChannelLoop:
             log.warning("status channel: dropped a connection from %s: %s", conn.peer, exc)
             return False
         if hello.version != PROTOCOL_VERSION:
-            reason = (f"status protocol version {hello.version}, this orchestrator speaks version {PROTOCOL_VERSION}: "
-                      f"workers and orchestrator must run the same trainflow")
+            reason = (
+                f"status protocol version {hello.version}, this orchestrator speaks version {PROTOCOL_VERSION}: "
+                f"workers and orchestrator must run the same trainflow"
+            )
             log.warning("status channel: refused a connection from %s: %s", conn.peer, reason)
             self._say(conn, Refused(reason=reason))
             return False
@@ -214,8 +229,11 @@ class ChannelLoop:
         now = time.monotonic()
         for conn in list(self._connections.values()):
             if conn.stream is None and now - conn.accepted_at > self.limits.hello_timeout_s:
-                log.warning("status channel: dropped a connection from %s: no hello within %.0fs",
-                            conn.peer, self.limits.hello_timeout_s)
+                log.warning(
+                    "status channel: dropped a connection from %s: no hello within %.0fs",
+                    conn.peer,
+                    self.limits.hello_timeout_s,
+                )
                 self._close(conn)
 
     def _close(self, conn: _Connection) -> None:

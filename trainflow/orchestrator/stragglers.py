@@ -50,8 +50,9 @@ class StragglerWatch:
         its mean compute time was above the factor times the others' median for `steps` checks in
         a row."""
         now = time.monotonic()
-        if status.known > SCORED_AT_EVERY_CHECK and \
-                now - self._checked_at < min(SCORE_EVERY_MAX_S, status.known / RANKS_SCORED_PER_S):
+        if status.known > SCORED_AT_EVERY_CHECK and now - self._checked_at < min(
+            SCORE_EVERY_MAX_S, status.known / RANKS_SCORED_PER_S
+        ):
             return [], []
         self._checked_at = now
         window = max(4 * self.steps, 20)

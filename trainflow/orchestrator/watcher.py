@@ -35,13 +35,13 @@ from typing import Any
 
 from trainflow.backends import AttemptHandle, Launcher
 from trainflow.backends.abilities import DescribesNodes, DumpsStacks, KnowsRankProcesses, ProbesNodes
-from trainflow.orchestrator.failures import AttemptResult, Outcome, PlainWindow, classify_exit, rank_failures
 from trainflow.contracts.status_protocol import Checkpoint, Storage
+from trainflow.orchestrator.attempt_metrics import AttemptMetrics
+from trainflow.orchestrator.failures import AttemptResult, Outcome, PlainWindow, classify_exit, rank_failures
 from trainflow.orchestrator.rules import RULE_EVIDENCE, match_rules, ruled_outcome
 from trainflow.orchestrator.status import AttemptStatus, AttemptSummary, RankReport, StatusServer
-from trainflow.orchestrator.attempt_metrics import AttemptMetrics
 from trainflow.orchestrator.step_metrics import MetricRows
-from trainflow.orchestrator.stragglers import StragglerWatch
+from trainflow.orchestrator.stragglers import Straggler, StragglerWatch
 from trainflow.spec import FaultTolerance
 
 HANG_FLOOR_S = 30.0
@@ -81,7 +81,7 @@ class AttemptWatcher:
         world_size: int,
         resumed_from_step: int,
         on_metrics: Callable[[MetricRows], None],
-        on_event: Callable[[object], None],
+        on_event: Callable[[RankReport | Straggler], None],
         step_metrics_every_s: float = 0.0,
         mean_metrics: tuple[str, ...] = (),
         final_step: int | None = None,
@@ -146,8 +146,10 @@ class AttemptWatcher:
             return None
         if not status.known:
             if now - self.handle.started_at > self.limits.startup_timeout_s:
-                reason = (f"no worker reported within fault_tolerance.startup_timeout_s "
-                          f"({self.limits.startup_timeout_s:g}s) of launch")
+                reason = (
+                    f"no worker reported within fault_tolerance.startup_timeout_s "
+                    f"({self.limits.startup_timeout_s:g}s) of launch"
+                )
                 evidence: dict[str, Any] = {"startup_timeout_s": self.limits.startup_timeout_s}
                 if isinstance(self.launcher, DescribesNodes):  # why nothing started, as the backend sees it
                     evidence["nodes_seen"] = self.launcher.describe(self.handle)
@@ -163,12 +165,11 @@ class AttemptWatcher:
                 full = self.channel.snapshot()
                 reason = f"every rank said it was leaving but the processes did not exit within {AGENT_EXIT_WAIT_S:g}s"
                 return self._hung(reason, full, now, since, {"leaving": sorted(full.leaving())})
-        if status.silent_rank is not None and now - status.silent_since > self.limits.heartbeat_timeout_s:
-            rank, node, last_seen = status.silent_rank, status.silent_node, status.silent_since
+        rank, node, last_seen = status.silent_rank, status.silent_node, status.silent_since
+        if rank is not None and node is not None and now - last_seen > self.limits.heartbeat_timeout_s:
             state = self._probe(node)
             full = self.channel.snapshot()
-            evidence = {"node": node, "rank": rank, "node_state": state,
-                        "last_heartbeats": _last_heartbeats(full, now)}
+            evidence = {"node": node, "rank": rank, "node_state": state, "last_heartbeats": _last_heartbeats(full, now)}
             if state == "workers-stopped":
                 reason = f"rank {rank} on node {node} is frozen while its node is alive"
                 return self._hung(reason, full, now, last_seen, evidence)
@@ -179,10 +180,13 @@ class AttemptWatcher:
             # some ranks never said a word: named, never taken for a lost node nor waited for forever
             full = self.channel.snapshot()
             missing = sorted(set(range(self.world_size)) - set(full.ranks))
-            reason = (f"ranks {_ranges(missing)} never reported within fault_tolerance.startup_timeout_s "
-                      f"({self.limits.startup_timeout_s:g}s) of launch")
-            return self._hung(reason, full, now, None, {"never_reported": missing,
-                                                        "startup_timeout_s": self.limits.startup_timeout_s})
+            reason = (
+                f"ranks {_ranges(missing)} never reported within fault_tolerance.startup_timeout_s "
+                f"({self.limits.startup_timeout_s:g}s) of launch"
+            )
+            return self._hung(
+                reason, full, now, None, {"never_reported": missing, "startup_timeout_s": self.limits.startup_timeout_s}
+            )
         if status.known == self.world_size and not status.leaving:
             # a rank yet to report its first step is behind since the attempt's first step, not since
             # launch: a start-up slower than the hang timeout (a loaded host) is no hang
@@ -195,7 +199,8 @@ class AttemptWatcher:
                 # stuck anywhere else makes it a hang
                 if all(rank in self._storage_calls for rank in full.ranks):
                     return self._storage_stall(full, now, stalled_since)
-                reason = f"no step progress for {now - stalled_since:.1f}s (ranks {_ranges(stuck)}) while heartbeats continue"
+                reason = f"no step progress for {now - stalled_since:.1f}s (ranks {_ranges(stuck)})"
+                reason += " while heartbeats continue"
                 if not status.first_step_at:
                     reason += f", no first step within fault_tolerance.startup_timeout_s ({limit:g}s)"
                 return self._hung(reason, full, now, stalled_since, {"ranks": stuck, "hang_timeout_s": limit})
@@ -210,8 +215,10 @@ class AttemptWatcher:
             return None
         done = [e.node for e in exits if e.done]
         running = [e.node for e in exits if not e.done]
-        reason = (f"node {_nodes(running)} still running {now - since:.0f}s after node {_nodes(done)} finished "
-                  f"(fault_tolerance.exit_timeout_s: {self.limits.exit_timeout_s:g}s)")
+        reason = (
+            f"node {_nodes(running)} still running {now - since:.0f}s after node {_nodes(done)} finished "
+            f"(fault_tolerance.exit_timeout_s: {self.limits.exit_timeout_s:g}s)"
+        )
         evidence = {"finished_nodes": done, "running_nodes": running, "exit_timeout_s": self.limits.exit_timeout_s}
         return self._hung(reason, self.channel.snapshot(), now, since, evidence, nodes=running)
 
@@ -237,8 +244,11 @@ class AttemptWatcher:
         outcome, reason = classify_exit(exits, status, self.world_size, plain=self.plain, window=window)
         # the workers' own word on a preemption or a divergence stands; any other failure's evidence
         # goes through the rules first
-        rule = (match_rules(self.fault_tolerance, exits, status)
-                if outcome not in (Outcome.SUCCEEDED, Outcome.PREEMPTED, Outcome.DIVERGED) else None)
+        rule = (
+            match_rules(self.fault_tolerance, exits, status)
+            if outcome not in (Outcome.SUCCEEDED, Outcome.PREEMPTED, Outcome.DIVERGED)
+            else None
+        )
         if rule is not None:
             outcome, reason = ruled_outcome(rule, outcome, reason)
         causes = rank_failures(exits, status) if outcome != Outcome.SUCCEEDED else []
@@ -246,13 +256,21 @@ class AttemptWatcher:
         failed_at = reported[0] if reported else (status.errors[0]["t"] if status.errors else None)
         if status.preempted and status.preempted.get("requested_at"):
             failed_at = status.preempted["requested_at"]
-        evidence = {"exit_codes": {e.node: e.returncode for e in exits},
-                    "finished_ranks": sorted(status.finished_ranks)}
+        evidence = {
+            "exit_codes": {e.node: e.returncode for e in exits},
+            "finished_ranks": sorted(status.finished_ranks),
+        }
         if causes:  # the decision's evidence: failed ranks, earliest first, with their last stderr lines
             evidence["failed_ranks"] = [
-                {"rank": f.rank, "node": f.node, "exitcode": f.exitcode, "at": f.at,
-                 "error": (f.error or {}).get("type"), "stderr_tail": list(f.stderr_tail),
-                 **({"error_file": f.error_line} if f.error_line else {})}
+                {
+                    "rank": f.rank,
+                    "node": f.node,
+                    "exitcode": f.exitcode,
+                    "at": f.at,
+                    "error": (f.error or {}).get("type"),
+                    "stderr_tail": list(f.stderr_tail),
+                    **({"error_file": f.error_line} if f.error_line else {}),
+                }
                 for f in causes
             ]
         if rule is not None:
@@ -265,10 +283,12 @@ class AttemptWatcher:
 
     def _storage_stall(self, status, now: float, stalled_since: float) -> AttemptResult:
         """No progress while ranks wait on the checkpoint store: a storage outage (INFRA), not a hang."""
-        first = min(self._storage_calls.values(), key=lambda c: c.message.since)
-        call = first.message
-        reason = (f"no step progress for {now - stalled_since:.1f}s: ranks {_ranges(sorted(self._storage_calls))} "
-                  f"blocked in storage calls, rank {first.rank} for {now - call.since:.1f}s ({call.call})")
+        calls = {rank: r.message for rank, r in self._storage_calls.items() if isinstance(r.message, Storage)}
+        first_rank, call = min(calls.items(), key=lambda item: item[1].since)
+        reason = (
+            f"no step progress for {now - stalled_since:.1f}s: ranks {_ranges(sorted(self._storage_calls))} "
+            f"blocked in storage calls, rank {first_rank} for {now - call.since:.1f}s ({call.call})"
+        )
         if self._storage_error:
             reason += f"; last storage error: {self._storage_error}"
         evidence = {"storage_calls": [c.as_dict() for c in self._storage_calls.values()]}
@@ -289,7 +309,9 @@ class AttemptWatcher:
             return {}
         pids = {r.rank: r.pid for r in status.ranks.values() if r.pid and (nodes is None or r.node in nodes)}
         if not status.ranks and isinstance(self.launcher, KnowsRankProcesses):
-            pids = self.launcher.rank_processes(self.handle, nodes if nodes is not None else list(self.handle.processes))
+            pids = self.launcher.rank_processes(
+                self.handle, nodes if nodes is not None else list(self.handle.processes)
+            )
         return self.launcher.dump_stacks(self.handle, pids)
 
     def _watch_stragglers(self, status: AttemptSummary) -> None:
@@ -300,7 +322,11 @@ class AttemptWatcher:
 
     def _result(self, outcome, reason, status, detected_at, failed_at, evidence) -> AttemptResult:
         # the node folders go at teardown; the logs are kept as this attempt's MLflow artifacts
-        evidence = {**evidence, "errors": status.errors[:3], "logs": {n: f"logs/{p.name}" for n, p in self.handle.logs.items()}}
+        evidence = {
+            **evidence,
+            "errors": status.errors[:3],
+            "logs": {n: f"logs/{p.name}" for n, p in self.handle.logs.items()},
+        }
         if self.stragglers:
             evidence["stragglers"] = list(self.stragglers.values())
         return AttemptResult(
@@ -347,8 +373,11 @@ class AttemptWatcher:
                     if checkpoint.status == "failed":
                         self._storage_error = (checkpoint.reason or "")[:500]
                     # the time training stood still for it
-                    stall = checkpoint.stall_s if checkpoint.stall_s is not None else sum(
-                        s or 0.0 for s in (checkpoint.stage_s, checkpoint.save_s, checkpoint.upload_s))
+                    stall = (
+                        checkpoint.stall_s
+                        if checkpoint.stall_s is not None
+                        else sum(s or 0.0 for s in (checkpoint.stage_s, checkpoint.save_s, checkpoint.upload_s))
+                    )
                     self.totals["checkpoint_stall_s"] = self.totals.get("checkpoint_stall_s", 0.0) + stall
             self.on_event(event)
         if time.monotonic() - self._flushed_at > METRICS_FLUSH_S:

@@ -13,7 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainflow.contracts.status_protocol import (
-    Heartbeat, NodeReport, Progress, RankEvent, RankMark, Resources, Restored, StepSum,
+    Heartbeat,
+    NodeReport,
+    Progress,
+    RankEvent,
+    RankMark,
+    Resources,
+    Restored,
+    StepSum,
 )
 
 
@@ -101,15 +108,24 @@ class NodeAggregator:
         for rank, state in self._ranks.items():
             if not (everyone or state.changed):
                 continue
-            marks.append(RankMark(
-                rank=rank, pid=state.pid, seen_age_s=round(now - state.seen_at, 4), step=state.step,
-                progressed_age_s=None if state.progressed_at is None else round(now - state.progressed_at, 4),
-                step_time_s=state.step_time_s, compute_n=state.compute_n, compute_sum_s=state.compute_sum_s,
-            ))
+            marks.append(
+                RankMark(
+                    rank=rank,
+                    pid=state.pid,
+                    seen_age_s=round(now - state.seen_at, 4),
+                    step=state.step,
+                    progressed_age_s=None if state.progressed_at is None else round(now - state.progressed_at, 4),
+                    step_time_s=state.step_time_s,
+                    compute_n=state.compute_n,
+                    compute_sum_s=state.compute_sum_s,
+                )
+            )
             state.changed = False
             state.compute_n, state.compute_sum_s = 0, 0.0
-        sums = [StepSum(step=step, t=s.t, ranks=s.ranks, loss_sum=s.loss_sum(), loss_count=len(s.losses), metrics=s.metrics)
-                for step, s in sorted(self._sums.items())]
+        sums = [
+            StepSum(step=step, t=s.t, ranks=s.ranks, loss_sum=s.loss_sum(), loss_count=len(s.losses), metrics=s.metrics)
+            for step, s in sorted(self._sums.items())
+        ]
         events, self._events, self._sums = self._events, [], {}
         self.step_complete = False
         closed, self._closed = self._closed, []

@@ -34,9 +34,14 @@ def parse_address(address: str) -> tuple[int, object]:
 
 class StreamLink:
     def __init__(
-        self, address: str, hello: Callable[[], object], connect_timeout_s: float = 2.0,
-        source_host: str | None = None, on_answer: Callable[[], None] | None = None,
-        on_refused: Callable[[str], None] | None = None, read_in_thread: bool = True,
+        self,
+        address: str,
+        hello: Callable[[], object],
+        connect_timeout_s: float = 2.0,
+        source_host: str | None = None,
+        on_answer: Callable[[], None] | None = None,
+        on_refused: Callable[[str], None] | None = None,
+        read_in_thread: bool = True,
     ):
         self._family, self._address = parse_address(address)
         self._hello = hello

@@ -3,8 +3,9 @@ one stream for the whole node to the orchestrator (status_protocol.py: NodeHello
 RankEvent). It runs in the node's torchrun agent, so every backend has one per node.
 
 Events (a checkpoint committed, an error) and a step once every rank of the node has reported it
-are sent at once, the rest with the next report. A rank's connection counts once its hello carries the run's token, this protocol's version and the
-relay's own node and attempt; it is then bound to that rank and process. The relay reports every
+are sent at once, the rest with the next report. A rank's connection counts once its hello carries the
+run's token, this protocol's version and the relay's own node and attempt; it is then bound to that rank and process.
+The relay reports every
 REPORT_EVERY_S what changed (aggregator.py), and every heartbeat interval the age of every rank's
 last line, so the node heartbeats even while it has no rank (a plain script's node). When the
 orchestrator answers, the relay answers its ranks; a rank that hears nothing for
@@ -26,7 +27,16 @@ import time
 from dataclasses import dataclass
 
 from trainflow.contracts.status_protocol import (
-    PROTOCOL_VERSION, Answer, Heartbeat, Hello, Malformed, NodeHello, Progress, Refused, decode, encode,
+    PROTOCOL_VERSION,
+    Answer,
+    Heartbeat,
+    Hello,
+    Malformed,
+    NodeHello,
+    Progress,
+    Refused,
+    decode,
+    encode,
 )
 from trainflow.relay.aggregator import NodeAggregator
 from trainflow.relay.lines import LineBuffer, LineTooLong
@@ -54,7 +64,12 @@ class _Rank:
 
 class NodeRelay:
     def __init__(
-        self, orchestrator: str, token: str, node: int, attempt: int, heartbeat_interval_s: float,
+        self,
+        orchestrator: str,
+        token: str,
+        node: int,
+        attempt: int,
+        heartbeat_interval_s: float,
         scratch: str | None = None,
     ):
         self.node = node
@@ -63,8 +78,10 @@ class NodeRelay:
         self._lock = threading.Lock()
         self._aggregator = NodeAggregator(node, heartbeat_interval_s)
         self._uplink = StreamLink(
-            orchestrator, lambda: NodeHello(token=token, node=node, attempt=attempt, version=PROTOCOL_VERSION),
-            on_answer=self._orchestrator_answered, on_refused=self._refused,
+            orchestrator,
+            lambda: NodeHello(token=token, node=node, attempt=attempt, version=PROTOCOL_VERSION),
+            on_answer=self._orchestrator_answered,
+            on_refused=self._refused,
         )
         self._listener, self.address = _listen(scratch)
         self._listener.setblocking(False)
@@ -117,7 +134,7 @@ class NodeRelay:
                         _say(conn.sock, answer)
             for fd, conn in list(self._ranks.items()):
                 if conn.rank is None and now - conn.opened_at > HELLO_TIMEOUT_S:
-                    self._drop(fd, "no hello within %.0fs" % HELLO_TIMEOUT_S)
+                    self._drop(fd, f"no hello within {HELLO_TIMEOUT_S:.0f}s")
         for fd in list(self._ranks):
             self._read(fd)  # what is left in their sockets
         self._selector.close()
@@ -182,12 +199,22 @@ class NodeRelay:
             log.warning("trainflow relay: dropped a connection: %s", exc)
             return False
         if hello.version != PROTOCOL_VERSION:
-            _say(conn.sock, Refused(reason=f"status protocol version {hello.version}, this node's relay speaks "
-                                           f"version {PROTOCOL_VERSION}"))
+            _say(
+                conn.sock,
+                Refused(
+                    reason=f"status protocol version {hello.version}, this node's relay speaks "
+                    f"version {PROTOCOL_VERSION}"
+                ),
+            )
             return False
         if (hello.node, hello.attempt) != (self.node, self.attempt):
-            _say(conn.sock, Refused(reason=f"this relay serves node {self.node} of attempt {self.attempt}, "
-                                           f"not node {hello.node} of attempt {hello.attempt}"))
+            _say(
+                conn.sock,
+                Refused(
+                    reason=f"this relay serves node {self.node} of attempt {self.attempt}, "
+                    f"not node {hello.node} of attempt {hello.attempt}"
+                ),
+            )
             return False
         if any(other.rank == hello.rank and other.pid != hello.pid for other in self._ranks.values()):
             log.warning("trainflow relay: rank %d is already another process", hello.rank)
@@ -254,8 +281,14 @@ def start_for_node() -> NodeRelay | None:
     if not os.environ.get(CONFIG_ENV):
         return None
     config = WorkerConfig.from_env()
-    relay = NodeRelay(config.status_address, config.status_token, config.node, config.attempt,
-                      config.heartbeat_interval_s, scratch=config.node_scratch)
+    relay = NodeRelay(
+        config.status_address,
+        config.status_token,
+        config.node,
+        config.attempt,
+        config.heartbeat_interval_s,
+        scratch=config.node_scratch,
+    )
     os.environ[RELAY_ENV] = relay.address
     return relay
 

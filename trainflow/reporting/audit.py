@@ -25,12 +25,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-
 VIA_DEPLOYMENT, VIA_CLI, VIA_FLOW = "deployment", "cli", "flow"
 PARENT_TAG = "mlflow.parentRunId"  # as trainflow.reporting.tracking's; not imported, so the CLI starts without mlflow
 ORIGIN_TAGS = ["launched_via", "prefect_deployment", "launched_by_user", "launched_from_host"]
-IDENTITY_TAGS = ["spec_hash", "git_commit", "git_dirty", "env_fingerprint", "workload_sha256",
-                 "prefect_flow_run_id", "status", "reason"]
+IDENTITY_TAGS = [
+    "spec_hash",
+    "git_commit",
+    "git_dirty",
+    "env_fingerprint",
+    "workload_sha256",
+    "prefect_flow_run_id",
+    "status",
+    "reason",
+]
 RERUN_TAGS = ["rerun_of", "rerun_drift", "rerun_allow_drift"]
 DRIFT_ARTIFACT = "rerun/drift.json"
 MLFLOW_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -137,7 +144,9 @@ def _find_run(client, run_ref: str):
         lifecycles = [r for r in found if PARENT_TAG not in r.data.tags]
         if lifecycles:
             return lifecycles[0]
-    raise AuditError(f"RUN_ID {run_ref!r}: no such MLflow run (or trainflow run id) in the store (pass --tracking-uri?)")
+    raise AuditError(
+        f"RUN_ID {run_ref!r}: no such MLflow run (or trainflow run id) in the store (pass --tracking-uri?)"
+    )
 
 
 def _drift(client, run_id: str) -> list[str]:
@@ -221,9 +230,15 @@ def add_events(trail: AuditTrail, api: str | None) -> None:
         return
     trail.events = [
         # a task run by its name (watch-attempt-1), not its id
-        EventTrail(e.get("occurred", ""), e.get("event", ""),
-                   (e.get("resource", {}).get("prefect.resource.name") or e.get("resource", {}).get("prefect.resource.id", "")),
-                   e.get("payload") or {})
+        EventTrail(
+            e.get("occurred", ""),
+            e.get("event", ""),
+            (
+                e.get("resource", {}).get("prefect.resource.name")
+                or e.get("resource", {}).get("prefect.resource.id", "")
+            ),
+            e.get("payload") or {},
+        )
         for e in events
     ]
     trail.events_note = f"{len(trail.events)} event(s) of flow run {flow_run_id}"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from trainflow.reporting.audit import AuditTrail
 
@@ -14,7 +14,7 @@ OWN_EVENTS = "trainflow."  # trainflow's events are printed whole: their payload
 def _clock(ms: int | None) -> str:
     if not ms:
         return "–"
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def render_trail(trail: AuditTrail) -> str:
@@ -29,22 +29,34 @@ def render_trail(trail: AuditTrail) -> str:
         f"  started {_clock(trail.started_at)}, ended {_clock(trail.ended_at)}, MLflow status {trail.mlflow_status}",
     ]
     identity = trail.identity
-    for key in ("status", "reason", "spec_hash", "git_commit", "git_dirty", "env_fingerprint", "workload_sha256",
-                "prefect_flow_run_id"):
+    for key in (
+        "status",
+        "reason",
+        "spec_hash",
+        "git_commit",
+        "git_dirty",
+        "env_fingerprint",
+        "workload_sha256",
+        "prefect_flow_run_id",
+    ):
         if key in identity:
             lines.append(f"  {key}: {identity[key]}")
     if trail.rerun:
         allowed = trail.rerun.get("rerun_allow_drift", "false") == "true"
-        lines.append(f"  rerun of {trail.rerun['rerun_of']}: drift {trail.rerun.get('rerun_drift', '?')}, "
-                     f"--allow-drift {'given' if allowed else 'not given'}")
+        lines.append(
+            f"  rerun of {trail.rerun['rerun_of']}: drift {trail.rerun.get('rerun_drift', '?')}, "
+            f"--allow-drift {'given' if allowed else 'not given'}"
+        )
         lines += [f"    drift: {line}" for line in trail.drift]
     if trail.reruns:
         lines.append(f"  rerun since by: {', '.join(trail.reruns)}")
     lines.append("  params: " + ", ".join(f"{k}={v}" for k, v in sorted(trail.params.items())))
     lines.append("attempts:")
     for a in trail.attempts:
-        lines.append(f"  {a.attempt}: {a.outcome}, world size {a.world_size}, steps {a.resumed_from_step} → "
-                     f"{a.last_step} (MLflow {a.mlflow_run_id}){': ' + a.reason if a.reason else ''}")
+        lines.append(
+            f"  {a.attempt}: {a.outcome}, world size {a.world_size}, steps {a.resumed_from_step} → "
+            f"{a.last_step} (MLflow {a.mlflow_run_id}){': ' + a.reason if a.reason else ''}"
+        )
     if not trail.attempts:
         lines.append("  none recorded")
     lines.append(f"Prefect events: {trail.events_note}")

@@ -14,4 +14,7 @@ def summary_metric_rows(figures: dict[str, float], step: int, at: float) -> list
 def summary_figures(metrics: dict[str, float]) -> dict[str, float]:
     """A run's metrics with its summary figures also by their own names (`goodput` for
     `summary/goodput`); runs recorded before the namespace have them there already."""
-    return {**metrics, **{k.removeprefix(SUMMARY_PREFIX): v for k, v in metrics.items() if k.startswith(SUMMARY_PREFIX)}}
+    return {
+        **metrics,
+        **{k.removeprefix(SUMMARY_PREFIX): v for k, v in metrics.items() if k.startswith(SUMMARY_PREFIX)},
+    }

@@ -12,11 +12,12 @@ from urllib.parse import urlsplit, urlunsplit
 from trainflow.contracts import AttemptResult, Outcome, RunSummary
 from trainflow.contracts.ledger import percent, seconds
 
-
 # the one duration of a run every figure uses (costs.wall_s), and what the UIs' own durations are
 WALL_TIME = "first attempt's start to last attempt's end"
-OTHER_DURATIONS = ("the MLflow run's duration adds tracking set-up and finalize, the Prefect flow run's "
-                   "validation, quota, provisioning and teardown")
+OTHER_DURATIONS = (
+    "the MLflow run's duration adds tracking set-up and finalize, the Prefect flow run's "
+    "validation, quota, provisioning and teardown"
+)
 
 
 def run_status(results: list[AttemptResult]) -> str:
@@ -70,8 +71,11 @@ def closing_lines(summary: RunSummary | dict, prefect_ui_url: str | None) -> lis
         steps = f" (from step {row.resumed_from_step} to {row.last_step})" if steps_seen else ""
         lines.append(f"  attempt {row.attempt}: {row.outcome.value}{steps}")
     wall = f"{seconds(s.costs.wall_s)} wall time ({WALL_TIME})"
-    lines.append(f"  goodput {percent(s.goodput)} of {wall}" if steps_seen
-                 else f"  goodput: not measured (no step reports); {wall}")
+    lines.append(
+        f"  goodput {percent(s.goodput)} of {wall}"
+        if steps_seen
+        else f"  goodput: not measured (no step reports); {wall}"
+    )
     if s.checkpoints:
         lines.append(f"  latest checkpoint: {s.checkpoints[-1].uri}")
     if s.quota is not None:
@@ -88,6 +92,8 @@ def closing_lines(summary: RunSummary | dict, prefect_ui_url: str | None) -> lis
     if url:
         lines.append(f"  Prefect: {url}")
     else:
-        lines.append(f"  Prefect: flow run {s.prefect_flow_run_id} (on a temporary server, gone with this command; "
-                     "set PREFECT_API_URL to keep runs)")
+        lines.append(
+            f"  Prefect: flow run {s.prefect_flow_run_id} (on a temporary server, gone with this command; "
+            "set PREFECT_API_URL to keep runs)"
+        )
     return lines

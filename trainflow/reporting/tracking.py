@@ -9,7 +9,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -132,11 +131,18 @@ class Tracker:
         if self.uri.startswith("sqlite:"):
             # A SQLite store would otherwise put artifacts under ./mlruns of whatever the cwd is.
             location = experiment_artifacts(name).as_uri()
-        return self.client.create_experiment(name, artifact_location=location,
-                                             tags={EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT})
+        return self.client.create_experiment(
+            name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT}
+        )
 
-    def start_run(self, experiment: str, run_name: str, tags: dict[str, str], parent: str | None = None,
-                  start_time: float | None = None) -> str | None:
+    def start_run(
+        self,
+        experiment: str,
+        run_name: str,
+        tags: dict[str, str],
+        parent: str | None = None,
+        start_time: float | None = None,
+    ) -> str | None:
         """A new run; `start_time` (unix seconds): when what it records began, by default now."""
         tags = dict(tags)
         if parent:
@@ -144,8 +150,9 @@ class Tracker:
 
         def create() -> str:
             start_ms = None if start_time is None else int(start_time * 1000)
-            return self.client.create_run(self.experiment_id(experiment), run_name=run_name, tags=tags,
-                                          start_time=start_ms).info.run_id
+            return self.client.create_run(
+                self.experiment_id(experiment), run_name=run_name, tags=tags, start_time=start_ms
+            ).info.run_id
 
         return self._writes.call(create, f"run {run_name}")
 
@@ -168,8 +175,10 @@ class Tracker:
         metrics = [Metric(k, float(v), int(t * 1000), int(s)) for k, v, s, t in rows if k not in self._refused_metrics]
         for start in range(0, len(metrics) if run_id else 0, 1000):
             batch = metrics[start : start + 1000]
-            self._writes.submit(lambda batch=batch: self.client.log_batch(run_id, metrics=batch),
-                                f"{len(batch)} metric point(s) of {run_id}")
+            self._writes.submit(
+                lambda batch=batch: self.client.log_batch(run_id, metrics=batch),
+                f"{len(batch)} metric point(s) of {run_id}",
+            )
         return refused
 
     def log_text(self, run_id: str | None, text: str, path: str) -> None:
@@ -181,8 +190,10 @@ class Tracker:
 
     def log_file(self, run_id: str | None, local: Path, folder: str | None = None) -> None:
         if run_id:
-            self._writes.call(lambda: self.client.log_artifact(run_id, str(local), folder),
-                              f"artifact {folder or '.'}/{local.name} of {run_id}")
+            self._writes.call(
+                lambda: self.client.log_artifact(run_id, str(local), folder),
+                f"artifact {folder or '.'}/{local.name} of {run_id}",
+            )
 
     def child_runs(self, parent_run_id: str) -> dict[str, str]:
         """Nested runs of a run, by their `attempt` tag."""
@@ -200,12 +211,15 @@ class Tracker:
         """End a run; `end_time` (unix seconds): when what it records ended, by default now."""
         if run_id:
             end_ms = None if end_time is None else int(end_time * 1000)
-            self._writes.call(lambda: self.client.set_terminated(run_id, status=status, end_time=end_ms),
-                              f"the end of {run_id}")
+            self._writes.call(
+                lambda: self.client.set_terminated(run_id, status=status, end_time=end_ms), f"the end of {run_id}"
+            )
 
     def run_status(self, run_id: str) -> str:
         """RUNNING, FINISHED, FAILED or KILLED; UNKNOWN when the store does not answer."""
-        return self._writes.call(lambda: self.client.get_run(run_id).info.status, f"the status of {run_id}") or "UNKNOWN"
+        return (
+            self._writes.call(lambda: self.client.get_run(run_id).info.status, f"the status of {run_id}") or "UNKNOWN"
+        )
 
     def end_running(self, experiment: str, filter_string: str, status: str) -> list[str]:
         """End the runs of `experiment` matching `filter_string` that are still RUNNING; their ids."""

@@ -29,8 +29,9 @@ log = logging.getLogger("trainflow.tracking")
 MAX_METRIC_NAME_LENGTH = 250
 METRIC_NAME = re.compile(r"^[/\w.\- :]*$")
 # errors that say the call itself is wrong: retrying cannot help
-REFUSED_FOR_GOOD = frozenset({"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS",
-                              "INVALID_STATE", "BAD_REQUEST"})
+REFUSED_FOR_GOOD = frozenset(
+    {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS", "INVALID_STATE", "BAD_REQUEST"}
+)
 RETRY_DELAYS_S = (0.25, 0.5, 1.0, 2.0, 4.0)  # then every 4 s until the patience is spent
 IDLE_EXIT_S = 30.0  # the writer thread ends after this long without a call, and starts again with the next
 DOWN_RETRY_S = 10.0  # once the store is down, a call is tried at most this often; the rest are dropped
@@ -110,8 +111,10 @@ class TrackingWrites:
         since = self._failing_since
         if since is None or time.time() - since <= self.patience_s:
             return None
-        return (f"the tracking store refused every write for {time.time() - since:.0f}s "
-                f"(tracking.store_patience_s: {self.patience_s:g}s); last error: {self._last_error}")
+        return (
+            f"the tracking store refused every write for {time.time() - since:.0f}s "
+            f"(tracking.store_patience_s: {self.patience_s:g}s); last error: {self._last_error}"
+        )
 
     def _serve(self) -> None:
         while True:
@@ -157,12 +160,14 @@ class TrackingWrites:
         self._last_error = _describe(exc)
         if self._failing_since is None:
             self._failing_since = time.time()
-            log.warning("tracking: the store refused a write (%s); retrying for up to %gs while training goes on",
-                        self._last_error, self.patience_s)
+            log.warning(
+                "tracking: the store refused a write (%s); retrying for up to %gs while training goes on",
+                self._last_error,
+                self.patience_s,
+            )
 
     def _drop(self, call: _Call, why: str) -> None:
         self.dropped += 1
         if self.dropped == 1 or self.dropped % 100 == 0:
             log.error("tracking: %s not recorded (%d call(s) dropped so far): %s", call.what, self.dropped, why)
         return None
-

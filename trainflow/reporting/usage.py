@@ -109,8 +109,15 @@ class GroupUsage:
         self.runs += 1
         self.succeeded += run.succeeded
         self.unmeasured_runs += not run.measured
-        for name in ("device_hours", "wasted_device_hours", "lost_work_device_hours", "detection_device_hours",
-                     "recovery_device_hours", "quota_wait_s", "checkpoint_bytes"):
+        for name in (
+            "device_hours",
+            "wasted_device_hours",
+            "lost_work_device_hours",
+            "detection_device_hours",
+            "recovery_device_hours",
+            "quota_wait_s",
+            "checkpoint_bytes",
+        ):
             setattr(self, name, getattr(self, name) + getattr(run, name))
         failures = Counter(self.failures)
         failures.update(run.failures)
@@ -209,10 +216,13 @@ def _checkpoint_bytes(client: MlflowClient, run_id: str) -> int:
 def _usage_of(client: MlflowClient, run, experiment: str, attempts: list) -> RunUsage:
     tags, metrics, params = run.data.tags, summary_figures(run.data.metrics), run.data.params
     world_size = int(params.get("world_size") or 0)
-    failures = Counter(a.data.tags["outcome"] for a in attempts if a.data.tags.get("outcome", "SUCCEEDED") != "SUCCEEDED")
+    failures = Counter(
+        a.data.tags["outcome"] for a in attempts if a.data.tags.get("outcome", "SUCCEEDED") != "SUCCEEDED"
+    )
     detection_s = sum(
         a.data.metrics.get("detection_latency_s", 0.0) * int(a.data.params.get("world_size") or world_size)
-        for a in attempts if a.data.tags.get("outcome", "SUCCEEDED") != "SUCCEEDED"
+        for a in attempts
+        if a.data.tags.get("outcome", "SUCCEEDED") != "SUCCEEDED"
     )
     return RunUsage(
         mlflow_run_id=run.info.run_id,
@@ -252,8 +262,10 @@ def read_runs(tracking_uri: str, since_s: float, now: float) -> list[RunUsage]:
             attempts.setdefault(parent, []).append(run)
         elif "trainflow.run_id" in run.data.tags:
             lifecycles.append(run)
-    return [_usage_of(client, run, experiments[run.info.experiment_id], attempts.get(run.info.run_id, []))
-            for run in lifecycles]
+    return [
+        _usage_of(client, run, experiments[run.info.experiment_id], attempts.get(run.info.run_id, []))
+        for run in lifecycles
+    ]
 
 
 def build_report(tracking_uri: str, by: GroupBy, since_s: float, now: float | None = None) -> UsageReport:

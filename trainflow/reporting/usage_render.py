@@ -10,9 +10,22 @@ import json
 from trainflow.reporting.usage import GroupUsage, UsageReport
 
 CSV_COLUMNS = [
-    "group", "runs", "succeeded", "success_rate", "device_hours", "wasted_device_hours", "wasted_share",
-    "lost_work_device_hours", "detection_device_hours", "recovery_device_hours", "failures", "quota_wait_s",
-    "checkpoint_bytes", "peak_devices", "device_limit", "unmeasured_runs",
+    "group",
+    "runs",
+    "succeeded",
+    "success_rate",
+    "device_hours",
+    "wasted_device_hours",
+    "wasted_share",
+    "lost_work_device_hours",
+    "detection_device_hours",
+    "recovery_device_hours",
+    "failures",
+    "quota_wait_s",
+    "checkpoint_bytes",
+    "peak_devices",
+    "device_limit",
+    "unmeasured_runs",
 ]
 
 
@@ -34,15 +47,31 @@ def _demand(group: GroupUsage) -> str:
 
 def _cells(group: GroupUsage) -> list[str]:
     return [
-        group.group, str(group.runs), f"{group.success_rate:.0%}", f"{group.device_hours:.4f}",
+        group.group,
+        str(group.runs),
+        f"{group.success_rate:.0%}",
+        f"{group.device_hours:.4f}",
         f"{group.wasted_device_hours:.4f} ({group.wasted_share:.0%})",
         f"{group.lost_work_device_hours:.4f} / {group.detection_device_hours:.4f} / {group.recovery_device_hours:.4f}",
-        failures_text(group.failures), f"{group.quota_wait_s:.0f}", _bytes(group.checkpoint_bytes), _demand(group),
+        failures_text(group.failures),
+        f"{group.quota_wait_s:.0f}",
+        _bytes(group.checkpoint_bytes),
+        _demand(group),
     ]
 
 
-HEADERS = ["group", "runs", "success", "device-h", "wasted device-h", "lost / detection / recovery device-h",
-           "failures", "quota wait s", "checkpoints", "peak devices / limit"]
+HEADERS = [
+    "group",
+    "runs",
+    "success",
+    "device-h",
+    "wasted device-h",
+    "lost / detection / recovery device-h",
+    "failures",
+    "quota wait s",
+    "checkpoints",
+    "peak devices / limit",
+]
 
 
 def _limits_note(report: UsageReport) -> str:
@@ -90,8 +119,12 @@ def render_markdown(report: UsageReport) -> str:
 
     total = _cells(report.total)
     total[0] = "**total**"
-    lines = [f"# Usage by {report.by.value}, last {report.since_s / 86400:g} days", "",
-             line(HEADERS), line(["---"] * len(HEADERS))]
+    lines = [
+        f"# Usage by {report.by.value}, last {report.since_s / 86400:g} days",
+        "",
+        line(HEADERS),
+        line(["---"] * len(HEADERS)),
+    ]
     lines += [line(_cells(g)) for g in report.groups] + [line(total), "", _limits_note(report) + "."]
     if report.total.unmeasured_runs:
         lines.append(f"{report.total.unmeasured_runs} run(s) stopped before finalize recorded their device-hours.")

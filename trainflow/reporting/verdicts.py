@@ -35,32 +35,49 @@ def drill_markdown(report: dict) -> str:
 
 
 def drill_tags(report: dict) -> dict[str, str]:
-    return {"drill_fault": str(report.get("fault")), "drill_verdict": PASSED if report.get("passed") else FAILED,
-            "drill_params_match_baseline": str(bool(report.get("params_match_baseline"))).lower()}
+    return {
+        "drill_fault": str(report.get("fault")),
+        "drill_verdict": PASSED if report.get("passed") else FAILED,
+        "drill_params_match_baseline": str(bool(report.get("params_match_baseline"))).lower(),
+    }
 
 
 def soak_markdown(report: dict, confusion: str) -> str:
     verdict = PASSED if report.get("passed") else FAILED
     lines = [f"# Soak of {report.get('faults')} faults: {verdict}", "", "```", confusion, "```", ""]
     if report.get("per_fault"):
-        lines += ["## Faults", "", "| Kind | Attempt | At step | Injected at | Detected | Expected | Lost steps |",
-                  "|---|---|---|---|---|---|---|"]
-        lines += [f"| {cell(f.get('kind'))} | {cell(f.get('attempt'))} | {cell(f.get('at_step'))} | "
-                  f"{cell(f.get('injected_at_step'))} | {cell(f.get('detected'))} | {cell(f.get('expected'))} | "
-                  f"{cell(f.get('lost_steps'))} |" for f in report["per_fault"]]
+        lines += [
+            "## Faults",
+            "",
+            "| Kind | Attempt | At step | Injected at | Detected | Expected | Lost steps |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {cell(f.get('kind'))} | {cell(f.get('attempt'))} | {cell(f.get('at_step'))} | "
+            f"{cell(f.get('injected_at_step'))} | {cell(f.get('detected'))} | {cell(f.get('expected'))} | "
+            f"{cell(f.get('lost_steps'))} |"
+            for f in report["per_fault"]
+        ]
         lines.append("")
     rest = {k: v for k, v in report.items() if k not in ("passed", "per_fault", "confusion")}
     return "\n".join(lines + table(rest)) + "\n"
 
 
 def soak_tags(report: dict) -> dict[str, str]:
-    return {"soak_faults": str(report.get("faults")), "soak_verdict": PASSED if report.get("passed") else FAILED,
-            "soak_params_match_baseline": str(bool(report.get("params_match_baseline"))).lower()}
+    return {
+        "soak_faults": str(report.get("faults")),
+        "soak_verdict": PASSED if report.get("passed") else FAILED,
+        "soak_params_match_baseline": str(bool(report.get("params_match_baseline"))).lower(),
+    }
 
 
 def rerun_verdict(summary: dict) -> dict:
     """Drift or none, and whether the rerun's final parameters are the original's, bit for bit."""
-    drift, ours, original = summary.get("drift") or [], summary.get("params_sha256"), summary.get("original_params_sha256")
+    drift, ours, original = (
+        summary.get("drift") or [],
+        summary.get("params_sha256"),
+        summary.get("original_params_sha256"),
+    )
     match = ours is not None and ours == original
     if ours is None or original is None:
         params = f"params_sha256 not comparable (rerun {ours or 'none'}, original {original or 'none'})"
@@ -90,5 +107,7 @@ def rerun_markdown(summary: dict, verdict: dict) -> str:
 
 def rerun_tags(verdict: dict) -> dict[str, str]:
     """Beside `rerun_of` and `rerun_drift`, which the rerun's run carries from its start."""
-    return {"rerun_verdict": verdict["verdict"][:5000],
-            "rerun_params_match_original": str(verdict["params_match_original"]).lower()}
+    return {
+        "rerun_verdict": verdict["verdict"][:5000],
+        "rerun_params_match_original": str(verdict["params_match_original"]).lower(),
+    }

@@ -92,7 +92,10 @@ def git_state(root: Path = PROJECT_ROOT) -> tuple[str, bool]:
         dirty = bool(
             subprocess.run(
                 ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                capture_output=True, text=True, check=True, timeout=10,
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=10,
             ).stdout.strip()
         )
         return commit, dirty
@@ -111,8 +114,11 @@ class WorkloadRepo:
     git_dirty: str  # "true", "false", or "none"
 
     def tags(self) -> dict[str, str]:
-        return {"workload_git_repo": self.root, "workload_git_commit": self.git_commit,
-                "workload_git_dirty": self.git_dirty}
+        return {
+            "workload_git_repo": self.root,
+            "workload_git_commit": self.git_commit,
+            "workload_git_dirty": self.git_dirty,
+        }
 
 
 NO_REPO = WorkloadRepo(root="none", git_commit="none", git_dirty="none")
@@ -123,8 +129,9 @@ def workload_repo(entrypoint: Path) -> WorkloadRepo:
 
     def git(*args: str) -> str | None:
         try:
-            done = subprocess.run(["git", "-C", str(entrypoint.resolve().parent), *args],
-                                  capture_output=True, text=True, timeout=10)
+            done = subprocess.run(
+                ["git", "-C", str(entrypoint.resolve().parent), *args], capture_output=True, text=True, timeout=10
+            )
         except (OSError, subprocess.SubprocessError):
             return None
         return done.stdout.strip() if done.returncode == 0 else None

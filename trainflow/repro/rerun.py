@@ -51,7 +51,9 @@ def uncommitted_changes_sha256(root: Path = PROJECT_ROOT) -> str:
     try:
         diff = subprocess.run(
             ["git", "-C", str(root), "diff", "HEAD", "--binary", "--", *CODE_PATHS],
-            capture_output=True, check=True, timeout=30,
+            capture_output=True,
+            check=True,
+            timeout=30,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -101,7 +103,9 @@ def spec_disagreements(raw: object, spec: RunSpec, tags: dict[str, str], params:
     if recorded_hash is None:
         found.append("the run recorded no spec_hash to check it against")
     elif recorded_spec_sha256(raw) != recorded_hash:
-        found.append(f"its sha256 {_short(recorded_spec_sha256(raw))} is not the run's spec_hash {_short(recorded_hash)}")
+        found.append(
+            f"its sha256 {_short(recorded_spec_sha256(raw))} is not the run's spec_hash {_short(recorded_hash)}"
+        )
     for name, value in spec_params(spec).items():
         ran, now = params.get(name), str(value)
         if ran is not None and ran != now and not (len(now) > MLFLOW_PARAM_LENGTH and now.startswith(ran)):
@@ -181,7 +185,9 @@ def detect_drift(recorded: RecordedRun, environment: Environment, code: dict[str
     tags = recorded.tags
     drift = []
     if tags["git_commit"] != environment.git_commit:
-        drift.append(f"code: commit {_short(tags['git_commit'])} was recorded, {_short(environment.git_commit)} is checked out")
+        drift.append(
+            f"code: commit {_short(tags['git_commit'])} was recorded, {_short(environment.git_commit)} is checked out"
+        )
     was_dirty = tags.get("git_dirty") == "true"
     if was_dirty != environment.git_dirty:
         state = lambda dirty: "uncommitted changes" if dirty else "a clean tree"  # noqa: E731
@@ -235,8 +241,11 @@ class Lineage:
     allow_drift: bool = False  # started with --allow-drift (allow_drift=true), whether or not it drifted
 
     def tags(self) -> dict[str, str]:
-        return {"rerun_of": self.rerun_of, "rerun_drift": "true" if self.drift else "false",
-                "rerun_allow_drift": str(self.allow_drift).lower()}
+        return {
+            "rerun_of": self.rerun_of,
+            "rerun_drift": "true" if self.drift else "false",
+            "rerun_allow_drift": str(self.allow_drift).lower(),
+        }
 
 
 _LINEAGE: contextvars.ContextVar[Lineage | None] = contextvars.ContextVar("trainflow_lineage", default=None)

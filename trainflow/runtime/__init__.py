@@ -49,8 +49,8 @@ from trainflow.runtime.fault_gate import wait_for_fault
 from trainflow.runtime.layout import ParallelLayout
 from trainflow.runtime.leave_groups import leave_process_groups
 from trainflow.runtime.process_clock import process_started_at
-from trainflow.runtime.resources import ResourceSampler
 from trainflow.runtime.reporter import StatusReporter, status_address
+from trainflow.runtime.resources import ResourceSampler
 from trainflow.runtime.sharding import layout_warnings, replicated_dims
 from trainflow.runtime.state import full_params_sha256, seed_everything
 from trainflow.runtime.step_reports import StepReports
@@ -76,8 +76,12 @@ class Run:
         self.device = self._pick_device()
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         self.parallel = ParallelLayout.for_world(
-            config.parallel_strategy, config.tensor_degree, config.pipeline_degree,
-            self.world_size, max(1, self.world_size // local_world), self.rank,
+            config.parallel_strategy,
+            config.tensor_degree,
+            config.pipeline_degree,
+            self.world_size,
+            max(1, self.world_size // local_world),
+            self.rank,
         )
         self._mesh = None
         self.reporter = StatusReporter(
@@ -100,8 +104,12 @@ class Run:
         self._comm = CommTimer()
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # stack dumps on demand, into the node log
         self._checkpointer = Checkpointer(
-            config, open_storage(config.checkpoint_uri), self.rank, self.world_size,
-            local_rank=self.local_rank, send=self.reporter.send,
+            config,
+            open_storage(config.checkpoint_uri),
+            self.rank,
+            self.world_size,
+            local_rank=self.local_rank,
+            send=self.reporter.send,
         )
         self._state: Stateful | None = None
         self._bucket_order: BucketOrder | None = None
@@ -112,8 +120,14 @@ class Run:
         self._data_wait = 0.0
         if self.local_rank == 0:  # one sampler per node
             self._resources = ResourceSampler(lambda figures: self.reporter.send(wire.Resources(figures=figures)))
-        self.reporter.send(wire.Started(world_size=self.world_size, process_started_at=process_started_at(),
-                                        imported_at=imported_at, rendezvous_at=rendezvous_at))
+        self.reporter.send(
+            wire.Started(
+                world_size=self.world_size,
+                process_started_at=process_started_at(),
+                imported_at=imported_at,
+                rendezvous_at=rendezvous_at,
+            )
+        )
 
     @property
     def is_main(self) -> bool:
@@ -144,10 +158,16 @@ class Run:
         self.step = restored.step
         if restored.tier == "durable":
             self._durable_step = restored.step
-        self.reporter.send(wire.Restored(
-            step=restored.step, prefix=restored.prefix, tier=restored.tier, bytes=restored.bytes,
-            seconds=restored.seconds, fallbacks=list(restored.fallbacks),
-        ))
+        self.reporter.send(
+            wire.Restored(
+                step=restored.step,
+                prefix=restored.prefix,
+                tier=restored.tier,
+                bytes=restored.bytes,
+                seconds=restored.seconds,
+                fallbacks=list(restored.fallbacks),
+            )
+        )
         if self.is_main:
             self._metrics.update(
                 checkpoint_restore_s=restored.seconds,
@@ -170,12 +190,18 @@ class Run:
             for warning in warnings:
                 print(f"trainflow: warning: {warning}", file=sys.stderr, flush=True)
             degrees = self.parallel.degrees()
-            self.reporter.send(wire.Layout(
-                strategy=self.parallel.strategy, world_size=degrees.pop("world_size"),
-                dp_degree=degrees.pop("dp_degree"), tp_degree=degrees.pop("tp_degree"),
-                pp_degree=degrees.pop("pp_degree"), mesh=degrees,
-                replicated=list(replicated) if replicated is not None else None, warnings=warnings,
-            ))
+            self.reporter.send(
+                wire.Layout(
+                    strategy=self.parallel.strategy,
+                    world_size=degrees.pop("world_size"),
+                    dp_degree=degrees.pop("dp_degree"),
+                    tp_degree=degrees.pop("tp_degree"),
+                    pp_degree=degrees.pop("pp_degree"),
+                    mesh=degrees,
+                    replicated=list(replicated) if replicated is not None else None,
+                    warnings=warnings,
+                )
+            )
 
     def steps(self, start: int = 0, samples_per_step: int | None = None) -> Iterator[int]:
         """Yield the steps after `start` up to the job's total; reports progress, checkpoints, and
@@ -200,8 +226,12 @@ class Run:
                 self._saved_step = step
             if step == self.config.pause_at_step:
                 self._flush_progress()
-                wait_for_fault(Path(self.config.fault_gate), self.rank, step,
-                               signalled=lambda: self._control.preempt_requested_at is not None)
+                wait_for_fault(
+                    Path(self.config.fault_gate),
+                    self.rank,
+                    step,
+                    signalled=lambda: self._control.preempt_requested_at is not None,
+                )
         if self._state is not None and self.step == self.total_steps and self._durable_step != self.step:
             # restored from a node-local copy of the last step, nothing left to train: that copy is
             # the only one, and a run succeeds only once its final state is in the checkpoint store
@@ -229,8 +259,11 @@ class Run:
         stop, hashes = self._control.agree(step, elapsed, model, verify)
         if hashes is not None and self._control.diverged(hashes):
             if self.is_main:
-                self.reporter.send(wire.Diverged(step=step, hashes=[f"{h:015x}" for h in hashes],
-                                                 groups=self._control.diverged(hashes)))
+                self.reporter.send(
+                    wire.Diverged(
+                        step=step, hashes=[f"{h:015x}" for h in hashes], groups=self._control.diverged(hashes)
+                    )
+                )
             self._leave(exit_codes.DIVERGED, f"replicas diverged at step {step}")
         if stop:
             # the emergency checkpoint, every rank at this same step; returns once it is durable
@@ -292,8 +325,9 @@ class Run:
             # once the whole world has, each from its own connection
             digest = full_params_sha256(self._state.model)  # collective: sharded parameters are gathered
             # final_loss: the mean of the ranks' last losses; rank 0's hash is the run's
-            self.reporter.send(wire.Finished(step=self.step, loss=self._last_loss,
-                                             params_sha256=digest if self.is_main else None))
+            self.reporter.send(
+                wire.Finished(step=self.step, loss=self._last_loss, params_sha256=digest if self.is_main else None)
+            )
         leave_process_groups()  # barriers first: every rank's report is in before any connection closes
         self.reporter.close()
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch.distributed as dist
 
@@ -44,7 +45,12 @@ class CheckpointContext:
 
     @classmethod
     def create(
-        cls, config: WorkerConfig, storage: Storage, rank: int, world_size: int, local_rank: int,
+        cls,
+        config: WorkerConfig,
+        storage: Storage,
+        rank: int,
+        world_size: int,
+        local_rank: int,
         send: Callable[[Any], None] | None,
     ) -> CheckpointContext:
         group = dist.new_group(backend="gloo", timeout=timedelta(seconds=config.collective_timeout_s))

@@ -10,7 +10,8 @@ The Checkpointer is what the runtime holds; its parts, one idea each:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -56,7 +56,9 @@ class ControlPlane:
         Hashes are compared on divergence-check steps and, with `verify`, before a checkpoint."""
         self._tune_cadence(step, step_time_s)
         check = (
-            bool(self.divergence_every) and (verify or self._divergence_step(step)) and model is not None
+            bool(self.divergence_every)
+            and (verify or self._divergence_step(step))
+            and model is not None
             and self.has_replicas
         )
         mine = torch.tensor(
@@ -89,4 +91,3 @@ class ControlPlane:
         dist.broadcast(chosen, src=0, group=self.group)
         self._every = int(chosen[0])
         self._tuned = True
-

@@ -94,6 +94,7 @@ class BucketOrder:
                 self._seen[index] = None
                 if len(self._seen) == len(self._params):
                     self.order = list(self._seen)
+
         return hook
 
     @property
@@ -123,9 +124,11 @@ class BucketOrder:
         dist.all_gather_object(fits, self._fits(order), group=group)  # one rank alone must not all-reduce
         if not all(fits):
             if order is not None:
-                _warn(f"the checkpoint's DDP bucket order does not fit this model's {len(self._params)} "
-                      "parameters on every rank; with more than two ranks the resumed run may differ from "
-                      "an uninterrupted one in the last bits")
+                _warn(
+                    f"the checkpoint's DDP bucket order does not fit this model's {len(self._params)} "
+                    "parameters on every rank; with more than two ranks the resumed run may differ from "
+                    "an uninterrupted one in the last bits"
+                )
             return False
         self._remove_hooks()
         grads = [p.grad for p in self._params]
@@ -141,5 +144,8 @@ class BucketOrder:
 
     def _fits(self, order: Any) -> bool:
         """A permutation of the reducer's parameters (the checkpoint's JSON is not trusted)."""
-        return (isinstance(order, list) and all(type(i) is int for i in order)
-                and sorted(order) == list(range(len(self._params))))
+        return (
+            isinstance(order, list)
+            and all(type(i) is int for i in order)
+            and sorted(order) == list(range(len(self._params)))
+        )

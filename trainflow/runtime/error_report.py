@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
@@ -20,12 +20,14 @@ def report_uncaught_errors(reporter: StatusReporter, flush: Callable[[], None], 
     def report(kind, value, tb):
         ErrorHandler().record_exception(value)  # TORCHELASTIC_ERROR_FILE: torchrun's failure report
         flush()
-        reporter.send(Error(
-            type=kind.__name__,
-            message=str(value)[:2000],
-            traceback="".join(traceback.format_exception(kind, value, tb))[-8000:],
-            step=step(),
-        ))
+        reporter.send(
+            Error(
+                type=kind.__name__,
+                message=str(value)[:2000],
+                traceback="".join(traceback.format_exception(kind, value, tb))[-8000:],
+                step=step(),
+            )
+        )
         reporter.close(timeout=2.0)
         previous(kind, value, tb)
 

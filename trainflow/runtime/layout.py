@@ -79,8 +79,13 @@ class ParallelLayout:
         return tuple(reversed(coords))
 
     def degrees(self) -> dict[str, int]:
-        return {"world_size": self.world_size, "dp_degree": self.data, "tp_degree": self.tensor,
-                "pp_degree": self.pipeline, **{f"mesh_{n}": s for n, s in zip(self.dim_names, self.shape)}}
+        return {
+            "world_size": self.world_size,
+            "dp_degree": self.data,
+            "tp_degree": self.tensor,
+            "pp_degree": self.pipeline,
+            **{f"mesh_{n}": s for n, s in zip(self.dim_names, self.shape)},
+        }
 
     def replica_groups(self, replicated: tuple[str, ...]) -> list[list[int]]:
         """Ranks that hold the same local values when the model is replicated along the `replicated`

@@ -75,8 +75,13 @@ class Publisher:
             return replace(saved, committed=True, reason="committed earlier")
         if blocked:
             if self.ctx.rank == 0:
-                self.report_failed(saved.step, prefix, f"checkpoint store unavailable: {blocked}",
-                                    manifest.total_bytes, self.take_stall(waited_since=waited_since))
+                self.report_failed(
+                    saved.step,
+                    prefix,
+                    f"checkpoint store unavailable: {blocked}",
+                    manifest.total_bytes,
+                    self.take_stall(waited_since=waited_since),
+                )
             return replace(saved, committed=False, reason=blocked)
 
         self._abort_unfinished()
@@ -111,11 +116,19 @@ class Publisher:
             except StorageError as exc:
                 reason = f"commit failed: {exc}"
             else:
-                self.ctx.send(Checkpoint(
-                    step=manifest.step, prefix=prefix, status="committed", bytes=manifest.total_bytes,
-                    files=len(manifest.files), world_size=manifest.world_size,
-                    commit_s=time.perf_counter() - began, stall_s=self.take_stall(waited_since=waited_since), **timings,
-                ))
+                self.ctx.send(
+                    Checkpoint(
+                        step=manifest.step,
+                        prefix=prefix,
+                        status="committed",
+                        bytes=manifest.total_bytes,
+                        files=len(manifest.files),
+                        world_size=manifest.world_size,
+                        commit_s=time.perf_counter() - began,
+                        stall_s=self.take_stall(waited_since=waited_since),
+                        **timings,
+                    )
+                )
                 return True, ""
         stall_s = self.take_stall(waited_since=waited_since)
         self.report_failed(manifest.step, prefix, reason, manifest.total_bytes, stall_s)
@@ -133,8 +146,9 @@ class Publisher:
 
     def report_failed(self, step: int, prefix: str, reason: str, size: int, stall_s: float) -> None:
         warn(f"checkpoint at step {step} not committed: {reason}")
-        self.ctx.send(Checkpoint(step=step, prefix=prefix, status="failed", reason=reason[:2000], bytes=size,
-                                 stall_s=stall_s))
+        self.ctx.send(
+            Checkpoint(step=step, prefix=prefix, status="failed", reason=reason[:2000], bytes=size, stall_s=stall_s)
+        )
 
     def _abort_unfinished(self) -> None:
         """Abort what this rank's earlier failed uploads left in the store, now that it answers."""

@@ -20,6 +20,7 @@ from trainflow.contracts.status_protocol import PROTOCOL_VERSION, Heartbeat, Hel
 from trainflow.relay.link import StreamLink
 from trainflow.runtime.exit_codes import ORCHESTRATOR_LOST as EXIT_ORCHESTRATOR_LOST
 from trainflow.worker_config import RELAY_ENV
+
 _STOP = object()
 
 
@@ -42,8 +43,10 @@ class StatusReporter:
         self._queue: queue.Queue = queue.Queue()
         self._closed = threading.Event()
         self._link = StreamLink(
-            address, lambda: Hello(token=token, version=PROTOCOL_VERSION, **identity),
-            connect_timeout_s=max(heartbeat_interval_s, 1.0), on_refused=self._refused,
+            address,
+            lambda: Hello(token=token, version=PROTOCOL_VERSION, **identity),
+            connect_timeout_s=max(heartbeat_interval_s, 1.0),
+            on_refused=self._refused,
         )
         self._thread = threading.Thread(target=self._run, name="trainflow-status", daemon=True)
         self._thread.start()
@@ -81,8 +84,10 @@ class StatusReporter:
         while not self._closed.wait(min(self._interval, 1.0)):
             silent = time.monotonic() - self._link.answered_at
             if silent > self._timeout:
-                self._stop(f"no answer from the orchestrator for {silent:.0f}s "
-                           f"(fault_tolerance.orchestrator_timeout_s: {self._timeout:g}s), stopping this worker")
+                self._stop(
+                    f"no answer from the orchestrator for {silent:.0f}s "
+                    f"(fault_tolerance.orchestrator_timeout_s: {self._timeout:g}s), stopping this worker"
+                )
 
     def _refused(self, reason: str) -> None:
         self._stop(f"the status channel refused this worker: {reason}")

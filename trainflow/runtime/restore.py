@@ -68,11 +68,21 @@ class Restorer:
             except Rejected as exc:
                 reason = str(exc)
                 fallbacks.append(f"{candidate.tier} step {candidate.step} ({candidate.prefix}): {reason}")
-                warn(f"not restoring the {candidate.tier} checkpoint of step {candidate.step} "
-                     f"({candidate.prefix}): {reason}")
+                warn(
+                    f"not restoring the {candidate.tier} checkpoint of step {candidate.step} "
+                    f"({candidate.prefix}): {reason}"
+                )
                 if self.ctx.rank == 0 and candidate.tier == "durable":
-                    self.ctx.send(Checkpoint(step=candidate.step, prefix=candidate.prefix, status="rejected",
-                                             reason=reason[:2000], bytes=0, stall_s=0.0))
+                    self.ctx.send(
+                        Checkpoint(
+                            step=candidate.step,
+                            prefix=candidate.prefix,
+                            status="rejected",
+                            reason=reason[:2000],
+                            bytes=0,
+                            stall_s=0.0,
+                        )
+                    )
                 continue
             return replace(restored, seconds=time.perf_counter() - began, fallbacks=tuple(fallbacks))
         if prefix:
@@ -155,8 +165,15 @@ class Restorer:
         if seen:
             raise Rejected(f"copies received from other nodes do not match: {'; '.join(seen)}")
         load_s = load(self.ctx, folder, manifest, state, candidate.prefix)
-        return Restored(manifest.step, candidate.prefix, "local", manifest.total_bytes,
-                        transfer_s=transfer_s, verify_s=verify_s, load_s=load_s)
+        return Restored(
+            manifest.step,
+            candidate.prefix,
+            "local",
+            manifest.total_bytes,
+            transfer_s=transfer_s,
+            verify_s=verify_s,
+            load_s=load_s,
+        )
 
     def _durable(self, candidate: Candidate, state: Stateful) -> Restored:
         found = None
@@ -182,7 +199,8 @@ class Restorer:
             try:
                 with self.ctx.storage_call(f"downloading the checkpoint {candidate.prefix}"):
                     self.ctx.storage.download_many(
-                        [(f"{candidate.prefix}/{e.name}", folder / e.name) for e in manifest.files])
+                        [(f"{candidate.prefix}/{e.name}", folder / e.name) for e in manifest.files]
+                    )
             except StorageError as exc:
                 problems = [str(exc)]
             transfer_s = time.perf_counter() - began
@@ -199,5 +217,12 @@ class Restorer:
         finally:
             if self.ctx.leader:
                 shutil.rmtree(folder, ignore_errors=True)
-        return Restored(manifest.step, candidate.prefix, "durable", manifest.total_bytes,
-                        transfer_s=transfer_s, verify_s=verify_s, load_s=load_s)
+        return Restored(
+            manifest.step,
+            candidate.prefix,
+            "durable",
+            manifest.total_bytes,
+            transfer_s=transfer_s,
+            verify_s=verify_s,
+            load_s=load_s,
+        )

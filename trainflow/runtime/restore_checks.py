@@ -77,11 +77,22 @@ def _rng_problem(rng: Any) -> str | None:
     if not isinstance(rng, dict) or any(key not in rng for key in RNG_KEYS):
         return f"lacks one of {', '.join(RNG_KEYS)}"
     python, numpy = rng["python"], rng["numpy"]
-    if not (isinstance(python, list) and len(python) == 3 and isinstance(python[0], int) and _ints(python[1])
-            and (python[2] is None or isinstance(python[2], (int, float)))):
+    if not (
+        isinstance(python, list)
+        and len(python) == 3
+        and isinstance(python[0], int)
+        and _ints(python[1])
+        and (python[2] is None or isinstance(python[2], (int, float)))
+    ):
         return "'python' is not [version, [ints], gauss]"
-    if not (isinstance(numpy, list) and len(numpy) == 5 and isinstance(numpy[0], str) and _ints(numpy[1])
-            and _ints(numpy[2:4]) and isinstance(numpy[4], (int, float))):
+    if not (
+        isinstance(numpy, list)
+        and len(numpy) == 5
+        and isinstance(numpy[0], str)
+        and _ints(numpy[1])
+        and _ints(numpy[2:4])
+        and isinstance(numpy[4], (int, float))
+    ):
         return "'numpy' is not [name, [ints], pos, has_gauss, cached]"
     if not _ints(rng["torch"]) or not all(0 <= v < 256 for v in rng["torch"]):
         return "'torch' is not a list of bytes"

@@ -1,11 +1,11 @@
 """Saving (every rank, same steps), asynchronous and in two tiers:
-  1. the training thread waits for the previous save, stages the state — tensors copied to host
-     memory, everything else serialised as JSON — and goes back to training;
-  2. a background thread writes the tensors with DCP into the node-local tier, hashes this rank's
-     files and gathers every rank's file list over the checkpointer's own gloo group;
-  3. each node's first rank commits the node's copy with a local manifest;
-  4. when a snapshot is due (the first save of an attempt, then every `snapshot_every_s`, steps
-     kept forever, the last step, an emergency checkpoint) the copy is published (publish.py).
+1. the training thread waits for the previous save, stages the state — tensors copied to host
+   memory, everything else serialised as JSON — and goes back to training;
+2. a background thread writes the tensors with DCP into the node-local tier, hashes this rank's
+   files and gathers every rank's file list over the checkpointer's own gloo group;
+3. each node's first rank commits the node's copy with a local manifest;
+4. when a snapshot is due (the first save of an attempt, then every `snapshot_every_s`, steps
+   kept forever, the last step, an emergency checkpoint) the copy is published (publish.py).
 """
 
 from __future__ import annotations
@@ -74,8 +74,10 @@ class Saver:
         self._stager = make_stager()
         # not a daemon: a process that exits normally finishes the save in flight first
         self._worker = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="trainflow-checkpoint",
-            initializer=_yield_to_training, initargs=(niceness,),
+            max_workers=1,
+            thread_name_prefix="trainflow-checkpoint",
+            initializer=_yield_to_training,
+            initargs=(niceness,),
         )
         self._pending: Future | None = None
         self._pending_step = 0
@@ -176,16 +178,28 @@ class Saver:
             error = describe(exc)
         wish = self.policy.wants_snapshot(job.step, job.commit) if self.ctx.rank == 0 else job.commit
         everyone = self.ctx.all_gather(
-            {"rank": self.ctx.rank, "error": error, "own": [asdict(e) for e in own], "wish": wish,
-             "now": time.time(), "write_s": write_s, "hash_s": hash_s}
+            {
+                "rank": self.ctx.rank,
+                "error": error,
+                "own": [asdict(e) for e in own],
+                "wish": wish,
+                "now": time.time(),
+                "write_s": write_s,
+                "hash_s": hash_s,
+            }
         )
         failed = [f"rank {g['rank']}: {g['error']}" for g in everyone if g["error"]]
         if failed:
             if self.ctx.leader:
                 self.ctx.tier.discard(prefix)
             if self.ctx.rank == 0:
-                self.publisher.report_failed(job.step, prefix, "local save failed: " + "; ".join(failed), 0,
-                                             self.publisher.take_stall(job.began if job.commit else None))
+                self.publisher.report_failed(
+                    job.step,
+                    prefix,
+                    "local save failed: " + "; ".join(failed),
+                    0,
+                    self.publisher.take_stall(job.began if job.commit else None),
+                )
             return Saved(job.step, prefix, None, reason="; ".join(failed))
 
         files = tuple(sorted((FileEntry(**e) for g in everyone for e in g["own"]), key=lambda e: e.name))

@@ -24,7 +24,12 @@ class StepReports:
         self._batch: list[StepEntry] = []
 
     def add(
-        self, step: int, elapsed: float, comm_wait: float, data_wait: float, metrics: dict[str, float],
+        self,
+        step: int,
+        elapsed: float,
+        comm_wait: float,
+        data_wait: float,
+        metrics: dict[str, float],
         samples_per_step: int | None,
     ) -> None:
         """One finished step, with what the script logged for it. A step slower than the batch is
@@ -36,8 +41,14 @@ class StepReports:
                 figures["samples_per_s"] = samples_per_step / elapsed
         else:
             loss = metrics.get("loss")
-        entry = StepEntry(step=step, t=time.time(), step_time_s=elapsed, compute_s=max(0.0, elapsed - comm_wait),
-                          loss=loss, metrics=figures)
+        entry = StepEntry(
+            step=step,
+            t=time.time(),
+            step_time_s=elapsed,
+            compute_s=max(0.0, elapsed - comm_wait),
+            loss=loss,
+            metrics=figures,
+        )
         self._batch.append(entry)
         if entry.t - self._batch[0].t >= PROGRESS_BATCH_S or elapsed >= PROGRESS_BATCH_S:
             self.flush()

@@ -17,8 +17,25 @@ from trainflow.spec.tracking import Tracking
 from trainflow.spec.workload import Workload, WorkloadMode
 
 __all__ = [
-    "DEFAULT_RETRY_ON", "Backend", "BackendConfig", "Checkpoint", "CommBackend", "FaultTolerance", "Parallel",
-    "Resources", "RunSpec", "Section", "SpecError", "Strategy", "Tracking", "Workload", "WorkloadMode",
-    "apply_override", "checkpoint_uri_problem", "describe_validation_error", "load_spec", "parse_spec",
+    "DEFAULT_RETRY_ON",
+    "Backend",
+    "BackendConfig",
+    "Checkpoint",
+    "CommBackend",
+    "FaultTolerance",
+    "Parallel",
+    "Resources",
+    "RunSpec",
+    "Section",
+    "SpecError",
+    "Strategy",
+    "Tracking",
+    "Workload",
+    "WorkloadMode",
+    "apply_override",
+    "checkpoint_uri_problem",
+    "describe_validation_error",
+    "load_spec",
+    "parse_spec",
     "strict_number",
 ]

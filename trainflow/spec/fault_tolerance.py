@@ -44,7 +44,9 @@ class FaultTolerance(Section):
         "exclude_node).",
     )
     backoff_s: Annotated[float, Field(ge=0, le=3600)] = Field(
-        default=1.0, title="Backoff (s)", description="Wait before the second retry, doubling after; the first retry and preemptions never wait."
+        default=1.0,
+        title="Backoff (s)",
+        description="Wait before the second retry, doubling after; the first retry and preemptions never wait.",
     )
     backoff_max_s: Annotated[float, Field(ge=0, le=3600)] = Field(default=60.0, title="Longest backoff (s)")
     heartbeat_interval_s: Annotated[float, Field(gt=0, le=60)] = Field(default=1.0, title="Heartbeat interval (s)")
@@ -76,7 +78,9 @@ class FaultTolerance(Section):
         "still running.",
     )
     preemption_grace_s: Annotated[float, Field(gt=0, le=3600)] = Field(
-        default=30.0, title="Preemption grace (s)", description="Time from SIGTERM to SIGKILL: the emergency checkpoint must fit."
+        default=30.0,
+        title="Preemption grace (s)",
+        description="Time from SIGTERM to SIGKILL: the emergency checkpoint must fit.",
     )
     orchestrator_timeout_s: Annotated[float, Field(gt=0, le=3600)] = Field(
         default=30.0,
@@ -84,7 +88,9 @@ class FaultTolerance(Section):
         description="Workers stop when the orchestrator has been unreachable this long.",
     )
     straggler_factor: Annotated[float, Field(gt=1, le=100)] = Field(
-        default=1.5, title="Straggler factor", description="Compute time above this multiple of the other ranks' median..."
+        default=1.5,
+        title="Straggler factor",
+        description="Compute time above this multiple of the other ranks' median...",
     )
     straggler_steps: Annotated[int, Field(ge=1, le=10000)] = Field(
         default=5, title="Straggler steps", description="...for this many reports in a row marks a straggler."

@@ -58,7 +58,9 @@ def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
     except OSError as exc:
         raise SpecError(f"{path}: cannot read the spec: {exc.strerror or exc}") from None
     except DuplicateKey as exc:
-        raise SpecError(f"{path}: key {exc.key!r} is written twice in one mapping (line {exc.line}); keep one") from None
+        raise SpecError(
+            f"{path}: key {exc.key!r} is written twice in one mapping (line {exc.line}); keep one"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""

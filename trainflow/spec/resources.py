@@ -10,7 +10,6 @@ from pydantic import Field
 from trainflow.backends.catalog import backend_names
 from trainflow.section import Section
 
-
 # resources.backend takes the name of a registered backend; each backend's own settings are its
 # config section (RunSpec.backend_config)
 Backend = Enum("Backend", {name: name for name in backend_names()}, type=str)  # type: ignore[misc]  # members known at run time

@@ -30,7 +30,8 @@ class RetryRule(Section):
         default=None, title="Signal", description="The signal that ended the failing rank: SIGKILL, KILL or 9."
     )
     log_pattern: str | None = Field(
-        default=None, title="Log pattern",
+        default=None,
+        title="Log pattern",
         description="A Python regular expression searched in the failing rank's last lines (its stderr's "
         "tail, its error report; a node without rank evidence: its log's tail).",
     )
@@ -78,21 +79,34 @@ class RetryRule(Section):
         return int(signals.Signals[self.signal]) if self.signal else None
 
     def describe(self) -> str:
-        matchers = [f"exit code {self.exit_code}" if self.exit_code is not None else "",
-                    self.signal or "", f"log /{self.log_pattern}/" if self.log_pattern else ""]
-        meaning = self.outcome.value if self.outcome else self.action.value
+        matchers = [
+            f"exit code {self.exit_code}" if self.exit_code is not None else "",
+            self.signal or "",
+            f"log /{self.log_pattern}/" if self.log_pattern else "",
+        ]
+        meaning = self.outcome.value if self.outcome else self.action.value if self.action else ""
         return f"{' and '.join(m for m in matchers if m)} -> {meaning}"
 
 
 # the common cases, checked after the spec's own rules (which can therefore override them)
 BUILT_IN_RULES: tuple[tuple[str, RetryRule], ...] = (
-    ("out of memory", RetryRule(
-        log_pattern=r"(?i)\bout of memory\b|OutOfMemoryError|\bMemoryError\b|Cannot allocate memory",
-        action=RuleAction.stop)),
-    ("port already in use", RetryRule(
-        log_pattern=r"(?i)address already in use|EADDRINUSE|errno: 98\b", outcome=Outcome.INFRA)),
-    ("rendezvous failed", RetryRule(
-        log_pattern=r"RendezvousTimeoutError|RendezvousConnectionError|[Rr]endezvous.{0,80}timed out"
-        r"|client socket has timed out after \S+ while trying to connect",
-        outcome=Outcome.INFRA)),
+    (
+        "out of memory",
+        RetryRule(
+            log_pattern=r"(?i)\bout of memory\b|OutOfMemoryError|\bMemoryError\b|Cannot allocate memory",
+            action=RuleAction.stop,
+        ),
+    ),
+    (
+        "port already in use",
+        RetryRule(log_pattern=r"(?i)address already in use|EADDRINUSE|errno: 98\b", outcome=Outcome.INFRA),
+    ),
+    (
+        "rendezvous failed",
+        RetryRule(
+            log_pattern=r"RendezvousTimeoutError|RendezvousConnectionError|[Rr]endezvous.{0,80}timed out"
+            r"|client socket has timed out after \S+ while trying to connect",
+            outcome=Outcome.INFRA,
+        ),
+    ),
 )

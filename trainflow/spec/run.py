@@ -84,22 +84,23 @@ class RunSpec(Section):
         model_degree = self.parallel.tensor * self.parallel.pipeline
         if self.parallel.data is None:
             if world % model_degree:
-                raise ValueError(
-                    f"parallel: tensor × pipeline = {model_degree} does not divide the world size {world}"
-                )
+                raise ValueError(f"parallel: tensor × pipeline = {model_degree} does not divide the world size {world}")
             self.parallel.data = world // model_degree
         product = self.parallel.data * model_degree
         if product != world:
             raise ValueError(
-                f"parallel: data × tensor × pipeline = {product} but the world size "
-                f"(nodes × procs_per_node) is {world}"
+                f"parallel: data × tensor × pipeline = {product} but the world size (nodes × procs_per_node) is {world}"
             )
         min_nodes = self.resources.min_nodes
         if min_nodes is not None:
             if min_nodes > self.resources.nodes:
-                raise ValueError(f"resources.min_nodes: {min_nodes} is more than resources.nodes ({self.resources.nodes})")
+                raise ValueError(
+                    f"resources.min_nodes: {min_nodes} is more than resources.nodes ({self.resources.nodes})"
+                )
             if (min_nodes * self.resources.procs_per_node) % model_degree:
-                raise ValueError(f"resources.min_nodes: tensor × pipeline = {model_degree} does not divide the smaller world")
+                raise ValueError(
+                    f"resources.min_nodes: tensor × pipeline = {model_degree} does not divide the smaller world"
+                )
         if self.parallel.strategy == Strategy.hybrid and self.resources.procs_per_node % model_degree:
             raise ValueError(
                 f"parallel.strategy: hybrid shards within a node, so tensor × pipeline = {model_degree} "

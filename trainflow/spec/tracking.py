@@ -20,12 +20,32 @@ TAG_NAME = re.compile(r"^[/\w.\- :]+$")
 # what a run is (a rerun of another, an attempt of another run, someone else's launch), so none is
 # the spec's to set. `team` and `owner` are the user's.
 RESERVED_TAG_PREFIXES = ("mlflow.", "trainflow.", "trainflow_", "image_", "rerun_", "launched_", "workload_git_")
-RESERVED_TAGS = frozenset({
-    "spec_hash", "prefect_flow_run_id", "prefect_deployment", "resume", "workload_mode", "features_off",
-    "workload_sha256", "git_diff_sha256", "lock_sha256", "platform", "env_fingerprint", "git_commit", "git_dirty",
-    "python_version", "torch_version", "status", "reason", "params_sha256", "teardown_clean", "layout_warnings",
-    "attempt", "outcome",
-})
+RESERVED_TAGS = frozenset(
+    {
+        "spec_hash",
+        "prefect_flow_run_id",
+        "prefect_deployment",
+        "resume",
+        "workload_mode",
+        "features_off",
+        "workload_sha256",
+        "git_diff_sha256",
+        "lock_sha256",
+        "platform",
+        "env_fingerprint",
+        "git_commit",
+        "git_dirty",
+        "python_version",
+        "torch_version",
+        "status",
+        "reason",
+        "params_sha256",
+        "teardown_clean",
+        "layout_warnings",
+        "attempt",
+        "outcome",
+    }
+)
 
 
 def reserved_tag(name: str) -> bool:
@@ -42,8 +62,7 @@ class Tracking(Section):
     experiment: str | None = Field(
         default=None,
         title="Experiment",
-        description="Default: the spec's name. At most 500 characters; no path separators, control "
-        "characters or '..'.",
+        description="Default: the spec's name. At most 500 characters; no path separators, control characters or '..'.",
     )
     ui_url: Annotated[str, Field(pattern=r"^https?://")] | None = Field(
         default=None,

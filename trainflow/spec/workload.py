@@ -19,13 +19,15 @@ class PlainScript(Section):
     """A plain script's own checkpoints: where it writes them and how it is told to resume."""
 
     checkpoint_dir: str | None = Field(
-        default=None, title="Checkpoint folder",
+        default=None,
+        title="Checkpoint folder",
         description="The folder the script checkpoints into (relative to its working directory on each node, "
         "or absolute). trainflow copies it to checkpoint.uri, verified like its own checkpoints, and restores "
         "the newest verified copy there on every node before a retry.",
     )
     resume_args: list[str] = Field(
-        default_factory=list, title="Resume arguments",
+        default_factory=list,
+        title="Resume arguments",
         description="Arguments appended to workload.args when a copy was restored (e.g. --init_from=resume).",
     )
 
@@ -45,16 +47,19 @@ class Workload(Section):
         title="Entrypoint", description="Training script run by every worker (path relative to the working directory)."
     )
     args: list[str] = Field(
-        default_factory=list, title="Arguments",
+        default_factory=list,
+        title="Arguments",
         description="Arguments passed to the script; recorded verbatim (spec, MLflow, Prefect), so never a secret.",
     )
     secret_env: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]] = Field(
-        default_factory=list, title="Secret environment variables",
+        default_factory=list,
+        title="Secret environment variables",
         description="Names of environment variables of the orchestrator handed to every worker at launch; "
         "only the names are recorded, never the values.",
     )
     preload: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]] = Field(
-        default_factory=list, title="Preload",
+        default_factory=list,
+        title="Preload",
         description="Modules warm workers import ahead, besides torch, the runtime and the installed packages "
         "the script imports at its top level (found by reading it).",
     )
@@ -69,13 +74,16 @@ class Workload(Section):
         "divergence and stragglers are off).",
     )
     plain: PlainScript = Field(
-        default_factory=PlainScript, title="Plain script",
+        default_factory=PlainScript,
+        title="Plain script",
         description="workload.mode: plain only: the script's own checkpoint folder and resume arguments.",
     )
 
     @model_validator(mode="after")
     def _plain_only(self) -> Workload:
         if self.plain.checkpoint_dir and self.mode != WorkloadMode.plain:
-            raise ValueError("workload.plain.checkpoint_dir needs workload.mode: plain (a runtime script "
-                             "checkpoints through trainflow.runtime)")
+            raise ValueError(
+                "workload.plain.checkpoint_dir needs workload.mode: plain (a runtime script "
+                "checkpoints through trainflow.runtime)"
+            )
         return self

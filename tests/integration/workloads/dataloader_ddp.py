@@ -40,8 +40,14 @@ def main() -> None:
     args = parser.parse_args()
 
     run = tf.init()
-    loader = tf.ResumableLoader(NoisyPoints(48), batch_size=4, seed=run.seed, num_replicas=run.parallel.data,
-                                rank=run.parallel.data_rank, num_workers=2)  # 6 batches per epoch
+    loader = tf.ResumableLoader(
+        NoisyPoints(48),
+        batch_size=4,
+        seed=run.seed,
+        num_replicas=run.parallel.data,
+        rank=run.parallel.data_rank,
+        num_workers=2,
+    )  # 6 batches per epoch
     torch.manual_seed(run.seed)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 
 import torch
-
 from tiny_ddp import train
 
 

@@ -35,4 +35,6 @@ if __name__ == "__main__":
     main()
     if threading.active_count() == 1:
         sys.stdout.flush()
-        os._exit(0)  # past torch 2.13's gloo aborts at interpreter exit (docs/scripts.md); the forgotten thread is waited for
+        os._exit(
+            0
+        )  # past torch 2.13's gloo aborts at interpreter exit (docs/scripts.md); the forgotten thread is waited for

@@ -91,8 +91,15 @@ def main() -> None:
         iter_num += 1
         if iter_num % args.ckpt_every == 0 and rank == 0:
             out.mkdir(parents=True, exist_ok=True)
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "iter_num": iter_num,
-                        "starts": starts}, out / "ckpt.pt")
+            torch.save(
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "iter_num": iter_num,
+                    "starts": starts,
+                },
+                out / "ckpt.pt",
+            )
         if args.fail_once and iter_num == args.fail_at_iter and not Path(args.fail_once).exists():
             if rank == args.fail_rank:
                 fail(args)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainflow.backends.base import Allocation, AttemptHandle, NodeExit, ReleaseReport
+from trainflow.backends.kubernetes.config import LaunchApi
 from trainflow.backends.kubernetes.kueue import KueueChoice
 from trainflow.backends.kubernetes.observe import PodObserver
-from trainflow.backends.kubernetes.config import LaunchApi
 
 
 @dataclass

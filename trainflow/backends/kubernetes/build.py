@@ -10,7 +10,6 @@ from pathlib import Path
 from trainflow.backends.kubernetes.classify import classify_pod
 from trainflow.backends.kubernetes.cluster import Cluster, ClusterError
 from trainflow.backends.kubernetes.config import kubernetes_config
-from trainflow.checkpoint.location import S3Location
 from trainflow.backends.kubernetes.image import (
     ImageError,
     ImageRef,
@@ -22,6 +21,7 @@ from trainflow.backends.kubernetes.image import (
 )
 from trainflow.backends.kubernetes.names import IMAGE_BUILD, LABEL_COMPONENT, RunNames
 from trainflow.backends.kubernetes.owner import orchestrator_owner, owned
+from trainflow.checkpoint.location import S3Location
 from trainflow.contracts import Outcome
 from trainflow.spec import RunSpec
 

@@ -15,9 +15,8 @@ import re
 import signal
 from dataclasses import dataclass
 
-from trainflow.contracts import exit_codes
 from trainflow.backends.base import NodeExit
-from trainflow.contracts import Outcome
+from trainflow.contracts import Outcome, exit_codes
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 REPLICA_TYPE = "training.kubeflow.org/replica-type"
@@ -41,7 +40,10 @@ class FailureRule:
             return {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
         if self.exit_codes:
             values = sorted(self.exit_codes)
-            return {"action": "FailJob", "onExitCodes": {"containerName": container, "operator": "In", "values": values}}
+            return {
+                "action": "FailJob",
+                "onExitCodes": {"containerName": container, "operator": "In", "values": values},
+            }
         return {"action": "FailJob", "onExitCodes": {"containerName": container, "operator": "NotIn", "values": [0]}}
 
 
@@ -66,7 +68,8 @@ DISRUPTIONS: dict[str, tuple[Outcome, str]] = {
     "PreemptionByScheduler": (Outcome.PREEMPTED, "preempted by the scheduler for a higher-priority pod"),
     "EvictionByEvictionAPI": (Outcome.PREEMPTED, "evicted through the Eviction API (node drain or scale-down)"),
     "DeletionByTaintManager": (
-        Outcome.NODE_LOST, "deleted because its node is tainted NoExecute (not ready or unreachable)"
+        Outcome.NODE_LOST,
+        "deleted because its node is tainted NoExecute (not ready or unreachable)",
     ),
     "DeletionByPodGC": (Outcome.NODE_LOST, "deleted by the pod garbage collector: its node no longer exists"),
     "TerminationByKubelet": (Outcome.PREEMPTED, "terminated by the kubelet (node shutdown or resource pressure)"),
@@ -203,8 +206,10 @@ def classify_pod(pod: dict, container: str | None = None, memory_limit: str | No
             return verdict(True, 0, None, "exited 0", started=True)
         if why == "OOMKilled":
             limit = f" of {memory_limit}" if memory_limit else ""
-            text = (f"out of memory: the container exceeded its memory limit{limit} (OOMKilled, exit {code}); "
-                    "raise resources.memory or lower the batch size")
+            text = (
+                f"out of memory: the container exceeded its memory limit{limit} (OOMKilled, exit {code}); "
+                "raise resources.memory or lower the batch size"
+            )
             return verdict(True, code, Outcome.USER_ERROR, text, started=True)
         if disruption is not None:
             return verdict(True, code, disruption[0], f"{disruption[1]} (exit {code})", started=True)
@@ -254,7 +259,9 @@ def classify_pod(pod: dict, container: str | None = None, memory_limit: str | No
         None,
     )
     if unscheduled is not None:
-        return verdict(False, None, None, f"not scheduled ({unscheduled.get('reason')}): {unscheduled.get('message', '')}")
+        return verdict(
+            False, None, None, f"not scheduled ({unscheduled.get('reason')}): {unscheduled.get('message', '')}"
+        )
     return verdict(False, None, None, f"pending ({(waiting or {}).get('reason', 'waiting to start')})")
 
 

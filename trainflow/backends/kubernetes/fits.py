@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 
 from trainflow.backends.kubernetes.cluster import Cluster
+from trainflow.backends.kubernetes.config import LaunchApi, kubernetes_config
 from trainflow.backends.kubernetes.kueue import KueueChoice, KueueError, choose_queue
 from trainflow.backends.kubernetes.quota import attempt_request, quota_problems
 from trainflow.backends.kubernetes.workloads import workload_api
-from trainflow.backends.kubernetes.config import LaunchApi, kubernetes_config
 from trainflow.spec import RunSpec
 
 STATUS_HOST_ENV = "TRAINFLOW_STATUS_HOST"
@@ -41,7 +41,8 @@ def check_cluster_fits(cluster: Cluster, spec: RunSpec) -> KueueChoice:
     if problems:
         raise ProvisionError(
             f"resources: {spec.resources.nodes} node(s) do not fit the quota of namespace {namespace}: "
-            + "; ".join(problems) + " (use fewer or smaller nodes, or another namespace)"
+            + "; ".join(problems)
+            + " (use fewer or smaller nodes, or another namespace)"
         )
     for field_name, secret in (("s3_secret", k8s.s3_secret), ("registry_secret", k8s.registry_secret)):
         if secret and cluster.get("v1", "Secret", namespace, secret) is None:

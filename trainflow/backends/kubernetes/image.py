@@ -22,7 +22,7 @@ from pathlib import Path
 from trainflow.backends.kubernetes.config import kubernetes_config
 from trainflow.backends.kubernetes.names import IMAGE_BUILD, RunNames
 from trainflow.checkpoint.location import S3Location
-from trainflow.repro.environment import git_state, PROJECT_ROOT
+from trainflow.repro.environment import PROJECT_ROOT, git_state
 from trainflow.spec import RunSpec
 
 DOCKERFILE = "infra/Dockerfile"
@@ -74,14 +74,21 @@ def torch_variant(spec: RunSpec) -> str:
 def context_files(root: Path = PROJECT_ROOT) -> list[str]:
     """Paths (relative to root) of the build context: what git sees, minus what no worker needs."""
     try:
-        listed = subprocess.run(
-            ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            capture_output=True, check=True, timeout=30,
-        ).stdout.decode().split("\0")
+        listed = (
+            subprocess.run(
+                ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                capture_output=True,
+                check=True,
+                timeout=30,
+            )
+            .stdout.decode()
+            .split("\0")
+        )
     except (OSError, subprocess.SubprocessError):
         # no git (inside the image itself): the files there are the context it was built from
         listed = [
-            str(p.relative_to(root)) for p in root.rglob("*")
+            str(p.relative_to(root))
+            for p in root.rglob("*")
             if p.is_file() and p.suffix != ".pyc" and not NOT_CONTEXT_PARTS & set(p.relative_to(root).parts)
         ]
     files = {p for p in listed if p and not p.startswith(CONTEXT_EXCLUDED) and (root / p).is_file()}

@@ -24,7 +24,6 @@ from trainflow.backends.kubernetes.allocation import KubernetesAllocation, Kuber
 from trainflow.backends.kubernetes.build import S3Objects, build_in_cluster
 from trainflow.backends.kubernetes.classify import PodExit, node_index
 from trainflow.backends.kubernetes.cluster import Cluster, ClusterError, KubeCluster
-from trainflow.backends.kubernetes.build import S3Objects, build_in_cluster
 from trainflow.backends.kubernetes.config import LaunchApi, kubernetes_config
 from trainflow.backends.kubernetes.fits import ProvisionError, check_cluster_fits, status_host_for
 from trainflow.backends.kubernetes.image import ImageError, planned_image
@@ -47,8 +46,8 @@ from trainflow.backends.kubernetes.pod import CONTAINER
 from trainflow.backends.kubernetes.registry import RegistryError, manifest_digest
 from trainflow.backends.kubernetes.workloads import JOB_API, PYTORCH_CONTAINER, workload_api
 from trainflow.backends.worker import secret_environment
-from trainflow.repro.environment import PROJECT_ROOT
 from trainflow.private_files import private_folder
+from trainflow.repro.environment import PROJECT_ROOT
 from trainflow.spec import RunSpec, SpecError
 
 __all__ = ["KubernetesLauncher", "LaunchError", "ProvisionError"]
@@ -98,8 +97,10 @@ class KubernetesLauncher:
     def preflight(self, spec: RunSpec) -> None:
         """What this backend cannot do, refused before anything is provisioned."""
         if spec.workload.plain.checkpoint_dir:
-            raise SpecError("workload.plain.checkpoint_dir is not available on the kubernetes backend: its pods "
-                            "run torchrun without trainflow's node agent, which copies and restores the folder")
+            raise SpecError(
+                "workload.plain.checkpoint_dir is not available on the kubernetes backend: its pods "
+                "run torchrun without trainflow's node agent, which copies and restores the folder"
+            )
 
     # provision ------------------------------------------------------------------------------
 
@@ -158,13 +159,24 @@ class KubernetesLauncher:
                 raise ImageError(f"kubernetes.image: {planned.reference} does not exist in its registry")
         if digest is None and planned.derived:
             digest = build_in_cluster(
-                self.cluster, spec, allocation.run_id, planned, self.objects, self.project_root,
-                self.build_timeout_s, self.sleep,
+                self.cluster,
+                spec,
+                allocation.run_id,
+                planned,
+                self.objects,
+                self.project_root,
+                self.build_timeout_s,
+                self.sleep,
             )
             built = True
         image = planned.with_digest(digest) if digest else planned
-        info = {"reference": image.reference, "repository": planned.repository, "tag": planned.tag,
-                "digest": digest, "built": built}
+        info = {
+            "reference": image.reference,
+            "repository": planned.repository,
+            "tag": planned.tag,
+            "digest": digest,
+            "built": built,
+        }
         allocation.image = info
         return info
 

@@ -35,7 +35,9 @@ def headless_service(spec: RunSpec, run_id: str) -> dict:
             "selector": {LABEL_RUN: names.base, LABEL_COMPONENT: WORKERS},
             # the rendezvous host must resolve before its pod is Ready: it becomes ready by rendezvousing
             "publishNotReadyAddresses": True,
-            "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT, "targetPort": RENDEZVOUS_PORT, "protocol": "TCP"}],
+            "ports": [
+                {"name": "rendezvous", "port": RENDEZVOUS_PORT, "targetPort": RENDEZVOUS_PORT, "protocol": "TCP"}
+            ],
         },
     }
 

@@ -16,8 +16,9 @@ WORKER_CONFIG_SECRET: Kind = ("v1", "Secret")
 SERVICE: Kind = ("v1", "Service")
 
 
-def list_quietly(cluster: Cluster, kind: Kind, namespace: str, selector: str,
-                 report: ReleaseReport | None = None) -> list[dict]:
+def list_quietly(
+    cluster: Cluster, kind: Kind, namespace: str, selector: str, report: ReleaseReport | None = None
+) -> list[dict]:
     try:
         return cluster.list(kind[0], kind[1], namespace, selector)
     except ClusterError as exc:
@@ -34,8 +35,14 @@ def get_quietly(cluster: Cluster, kind: Kind, namespace: str, name: str, report:
         return None
 
 
-def delete_quietly(cluster: Cluster, kind: Kind, namespace: str, name: str, grace_s: int | None = None,
-                   report: ReleaseReport | None = None) -> bool:
+def delete_quietly(
+    cluster: Cluster,
+    kind: Kind,
+    namespace: str,
+    name: str,
+    grace_s: int | None = None,
+    report: ReleaseReport | None = None,
+) -> bool:
     try:
         return cluster.delete(kind[0], kind[1], namespace, name, grace_s)
     except ClusterError as exc:
@@ -44,13 +51,23 @@ def delete_quietly(cluster: Cluster, kind: Kind, namespace: str, name: str, grac
         return False
 
 
-def wait_gone(cluster: Cluster, kinds: list[Kind], namespace: str, selector: str, timeout_s: float,
-              sleep: Callable[[float], None], report: ReleaseReport | None = None) -> list[str]:
+def wait_gone(
+    cluster: Cluster,
+    kinds: list[Kind],
+    namespace: str,
+    selector: str,
+    timeout_s: float,
+    sleep: Callable[[float], None],
+    report: ReleaseReport | None = None,
+) -> list[str]:
     """Wait until no object of `kinds` matches `selector`; returns those left at the deadline."""
     deadline = time.monotonic() + timeout_s
     while True:
-        left = [f"{kind[1]}/{doc['metadata']['name']}" for kind in kinds
-                for doc in list_quietly(cluster, kind, namespace, selector, report)]
+        left = [
+            f"{kind[1]}/{doc['metadata']['name']}"
+            for kind in kinds
+            for doc in list_quietly(cluster, kind, namespace, selector, report)
+        ]
         if not left or time.monotonic() >= deadline:
             return left
         sleep(1.0)

@@ -58,15 +58,25 @@ def resources(spec: RunSpec) -> dict:
 
 def torchrun_command(spec: RunSpec, rendezvous_host: str, rendezvous_id: str) -> list[str]:
     return [
-        "python", "-m", "torch.distributed.run",
-        "--nnodes", str(spec.resources.nodes),
-        "--nproc-per-node", str(spec.resources.procs_per_node),
-        "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"{rendezvous_host}:{RENDEZVOUS_PORT}",
-        "--rdzv-id", rendezvous_id,
-        "--max-restarts", "0",  # restarts belong to the flow, which restores a verified checkpoint
-        "--monitor-interval", "0.1",
-        spec.workload.entrypoint, *spec.workload.args,
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(spec.resources.nodes),
+        "--nproc-per-node",
+        str(spec.resources.procs_per_node),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"{rendezvous_host}:{RENDEZVOUS_PORT}",
+        "--rdzv-id",
+        rendezvous_id,
+        "--max-restarts",
+        "0",  # restarts belong to the flow, which restores a verified checkpoint
+        "--monitor-interval",
+        "0.1",
+        spec.workload.entrypoint,
+        *spec.workload.args,
     ]
 
 
@@ -85,7 +95,10 @@ def environment(spec: RunSpec, run_id: str, identity: NodeIdentity) -> list[dict
 def secret_env_refs(spec: RunSpec, names: RunNames, attempt: int) -> list[dict]:
     """workload.secret_env as references into the attempt's Secret: no value in the pod spec."""
     return [
-        {"name": name, "valueFrom": {"secretKeyRef": {"name": names.config(attempt), "key": SECRET_ENV_KEY.format(name=name)}}}
+        {
+            "name": name,
+            "valueFrom": {"secretKeyRef": {"name": names.config(attempt), "key": SECRET_ENV_KEY.format(name=name)}},
+        }
         for name in spec.workload.secret_env
     ]
 
@@ -112,10 +125,16 @@ def volumes(spec: RunSpec, names: RunNames, attempt: int) -> list[dict]:
         scratch["sizeLimit"] = kubernetes_config(spec).local_tier_volume
     return [
         # the default mode: the image runs as a non-root user, and nothing else shares the pod
-        {"name": "worker-config", "secret": {
-            "secretName": names.config(attempt),
-            "items": [{"key": key, "path": key} for key in config_keys(kubernetes_config(spec).launch_api, spec.resources.nodes)],
-        }},
+        {
+            "name": "worker-config",
+            "secret": {
+                "secretName": names.config(attempt),
+                "items": [
+                    {"key": key, "path": key}
+                    for key in config_keys(kubernetes_config(spec).launch_api, spec.resources.nodes)
+                ],
+            },
+        },
         {"name": "local-tier", "emptyDir": scratch},
         # the default 64 MiB /dev/shm is too small for data loader workers and NCCL
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},

@@ -22,8 +22,12 @@ def attempt_request(spec: RunSpec) -> dict[str, Decimal]:
     memory = parse_quantity(spec.resources.memory) * nodes
     request = {
         "pods": Decimal(nodes),
-        "cpu": cpu, "requests.cpu": cpu, "limits.cpu": cpu,
-        "memory": memory, "requests.memory": memory, "limits.memory": memory,
+        "cpu": cpu,
+        "requests.cpu": cpu,
+        "limits.cpu": cpu,
+        "memory": memory,
+        "requests.memory": memory,
+        "limits.memory": memory,
     }
     if spec.resources.gpu:
         request[f"requests.{GPU_RESOURCE}"] = Decimal(spec.resources.gpu * nodes)

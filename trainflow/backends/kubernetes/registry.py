@@ -101,8 +101,7 @@ def manifest_digest(repository: str, tag: str, timeout: float = 10.0) -> str | N
                 if authorization:
                     continue
             raise RegistryError(
-                f"{url}: HTTP {exc.code}; check the image repository and the registry credentials "
-                f"(docker login {host})"
+                f"{url}: HTTP {exc.code}; check the image repository and the registry credentials (docker login {host})"
             ) from None
         except urllib.error.URLError as exc:
             raise RegistryError(f"{url}: registry unreachable ({exc.reason})") from None

@@ -48,9 +48,9 @@ def rendered(spec: RunSpec, run_id: str, attempt: int = 1, root: Path = PROJECT_
 
 HEADERS = {
     "05-image-build-job.yaml": "# Created only when the registry lacks the image, "
-                               "after the build context is uploaded.\n",
+    "after the build context is uploaded.\n",
     "10-worker-config.yaml": "# status_address, status_token and secret_env values are placeholders: "
-                             "the orchestrator sets them at launch.\n",
+    "the orchestrator sets them at launch.\n",
 }
 
 

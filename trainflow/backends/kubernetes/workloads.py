@@ -73,7 +73,12 @@ def _indexed_job_spec(attempt: Attempt, rendezvous_host: str, subdomain: str | N
     nodes = attempt.spec.resources.nodes
     command = torchrun_command(attempt.spec, rendezvous_host, attempt.rendezvous_id)
     template = pod_template(
-        attempt.spec, attempt.run_id, attempt.attempt, attempt.image, command, completion_index_identity(),
+        attempt.spec,
+        attempt.run_id,
+        attempt.attempt,
+        attempt.image,
+        command,
+        completion_index_identity(),
         subdomain=subdomain,
     )
     return {
@@ -127,8 +132,14 @@ def pytorchjob(attempt: Attempt) -> dict:
 
     def template(identity: NodeIdentity) -> dict:
         return pod_template(
-            attempt.spec, attempt.run_id, attempt.attempt, attempt.image, command, identity,
-            container=PYTORCH_CONTAINER, port_name="pytorchjob-port",
+            attempt.spec,
+            attempt.run_id,
+            attempt.attempt,
+            attempt.image,
+            command,
+            identity,
+            container=PYTORCH_CONTAINER,
+            port_name="pytorchjob-port",
         )
 
     replica_index = {
@@ -143,7 +154,10 @@ def pytorchjob(attempt: Attempt) -> dict:
             "restartPolicy": "Never",
             "template": template(NodeIdentity((replica_index,), "worker-$(TRAINFLOW_REPLICA).json")),
         }
-    run_policy: dict = {"backoffLimit": 0, "cleanPodPolicy": "None"}  # pods stay until teardown: their status is evidence
+    run_policy: dict = {
+        "backoffLimit": 0,
+        "cleanPodPolicy": "None",
+    }  # pods stay until teardown: their status is evidence
     if kubernetes_config(attempt.spec).kueue_queue:
         run_policy["suspend"] = True
     return {

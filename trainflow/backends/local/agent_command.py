@@ -21,40 +21,59 @@ def torchrun_log_dir(attempt_dir: Path, node: int) -> Path:
     return attempt_dir / "torchrun" / f"node-{node}"
 
 
-def agent_command(spec, allocation: LocalAllocation, plan: AttemptPlan, node: int, slot: int,
-                  attempt_dir: Path) -> list[str]:
+def agent_command(
+    spec, allocation: LocalAllocation, plan: AttemptPlan, node: int, slot: int, attempt_dir: Path
+) -> list[str]:
     """The agent as a new interpreter, in its node's network."""
-    command = [sys.executable, "-m", "trainflow.backends.agent",
-               *torchrun_arguments(spec, allocation, plan, node, slot, attempt_dir)]
+    command = [
+        sys.executable,
+        "-m",
+        "trainflow.backends.agent",
+        *torchrun_arguments(spec, allocation, plan, node, slot, attempt_dir),
+    ]
     network = allocation.network
     return network.wrap(command, slot) if network else command
 
 
-def torchrun_arguments(spec, allocation: LocalAllocation, plan: AttemptPlan, node: int, slot: int,
-                       attempt_dir: Path) -> list[str]:
+def torchrun_arguments(
+    spec, allocation: LocalAllocation, plan: AttemptPlan, node: int, slot: int, attempt_dir: Path
+) -> list[str]:
     network = allocation.network
     store_host = network.node_address(allocation.slots[0]) if network else LOOPBACK
     own_address = network.node_address(slot) if network else LOOPBACK
     return [
-        "--nnodes", str(spec.resources.nodes),
-        "--nproc-per-node", str(spec.resources.procs_per_node),
-        "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"{store_host}:{allocation.ports['rendezvous']}",
-        "--rdzv-id", f"{allocation.run_id}-{plan.attempt}",
-        "--rdzv-conf", f"is_host={'true' if node == 0 else 'false'}",
-        "--max-restarts", "0",
-        "--monitor-interval", "0.1",
-        "--local-addr", own_address,
+        "--nnodes",
+        str(spec.resources.nodes),
+        "--nproc-per-node",
+        str(spec.resources.procs_per_node),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"{store_host}:{allocation.ports['rendezvous']}",
+        "--rdzv-id",
+        f"{allocation.run_id}-{plan.attempt}",
+        "--rdzv-conf",
+        f"is_host={'true' if node == 0 else 'false'}",
+        "--max-restarts",
+        "0",
+        "--monitor-interval",
+        "0.1",
+        "--local-addr",
+        own_address,
         # each rank's error file; its output goes through the agent's bounded node log (bounded_output.py)
-        "--log-dir", str(torchrun_log_dir(attempt_dir, node)),
-        spec.workload.entrypoint, *spec.workload.args,
+        "--log-dir",
+        str(torchrun_log_dir(attempt_dir, node)),
+        spec.workload.entrypoint,
+        *spec.workload.args,
     ]
 
 
 def output_environment(spec, attempt_dir: Path, node: int) -> dict[str, str]:
     """What bounds a node's log and keeps each rank's last stderr lines (bounded_output.py)."""
-    return {LOG_LIMIT_ENV: str(int(spec.tracking.max_node_log_mb * 2**20)),
-            RANK_STDERR_ENV: str(torchrun_log_dir(attempt_dir, node))}
+    return {
+        LOG_LIMIT_ENV: str(int(spec.tracking.max_node_log_mb * 2**20)),
+        RANK_STDERR_ENV: str(torchrun_log_dir(attempt_dir, node)),
+    }
 
 
 def agent_environment(spec, allocation: LocalAllocation, node: int, config_path: Path) -> dict[str, str]:

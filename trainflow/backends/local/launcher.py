@@ -32,11 +32,15 @@ from trainflow.backends.local.warm_pools import close_pools, head_start, start_p
 from trainflow.backends.netns import NetworkError, NodeNetwork, cut_node_link
 from trainflow.backends.parent_death import ending_with_this_process
 from trainflow.backends.ports import free_port, is_listening
+from trainflow.backends.processes import describe, job_processes, signal_session, terminate, wait_until_gone
 from trainflow.backends.rank_records import RECORDS_ENV, read_exits, read_ranks, records_path
 from trainflow.backends.store_sockets import LISTEN_FD_ENV, listening_socket
-from trainflow.backends.processes import describe, job_processes, signal_session, terminate, wait_until_gone
 from trainflow.backends.torchrun_report import (
-    error_file_line, failed_ranks, log_tail, root_cause_exitcode, stderr_tail,
+    error_file_line,
+    failed_ranks,
+    log_tail,
+    root_cause_exitcode,
+    stderr_tail,
 )
 from trainflow.backends.worker import worker_config
 from trainflow.capacity import local_capacity_problem
@@ -67,8 +71,9 @@ class LocalLauncher:
         config = local_config(spec)
         if not config.warm_workers or config.network != LocalNetwork.loopback:
             return nullcontext()
-        stand_in = LocalAllocation(run_id=run_id, backend="local", nodes=spec.resources.nodes, scratch=Path(os.devnull),
-                                   ports={}, slots=[])
+        stand_in = LocalAllocation(
+            run_id=run_id, backend="local", nodes=spec.resources.nodes, scratch=Path(os.devnull), ports={}, slots=[]
+        )
         return head_start(spec, agent_environment(spec, stand_in, 0, Path(os.devnull)), runs_root())
 
     def provision(self, spec, run_id: str, scratch: Path) -> LocalAllocation:
@@ -95,8 +100,9 @@ class LocalLauncher:
             allocation.status_host = network.host_address
         if local_config(spec).warm_workers:
             env = agent_environment(spec, allocation, 0, Path(os.devnull))
-            allocation.warm_pools = start_pools(spec, allocation.slots, scratch, env,
-                                                allocation.network.wrap if allocation.network else None)
+            allocation.warm_pools = start_pools(
+                spec, allocation.slots, scratch, env, allocation.network.wrap if allocation.network else None
+            )
         return allocation
 
     @staticmethod
@@ -110,8 +116,13 @@ class LocalLauncher:
         attempt_dir = allocation.scratch / f"attempt-{plan.attempt}"
         private_folder(attempt_dir)
         nodes = spec.resources.nodes
-        handle = AttemptHandle(attempt=plan.attempt, nodes=nodes, started_at=time.time(), logs={},
-                               procs_per_node=spec.resources.procs_per_node)
+        handle = AttemptHandle(
+            attempt=plan.attempt,
+            nodes=nodes,
+            started_at=time.time(),
+            logs={},
+            procs_per_node=spec.resources.procs_per_node,
+        )
         handle.slots = allocation.slots[:nodes]
         # on the host's network the rendezvous port is bound (on loopback) before its number is handed
         # out, and node 0's agent serves the store on this very socket: no other process can take it
@@ -124,8 +135,9 @@ class LocalLauncher:
         allocation.sessions.extend(p.pid for p in handle.processes.values())
         return handle
 
-    def _start_agents(self, spec, allocation: LocalAllocation, plan: AttemptPlan, handle: AttemptHandle,
-                      attempt_dir: Path, listener) -> None:
+    def _start_agents(
+        self, spec, allocation: LocalAllocation, plan: AttemptPlan, handle: AttemptHandle, attempt_dir: Path, listener
+    ) -> None:
         for node, slot in enumerate(handle.slots):
             node_scratch = private_folder(allocation.scratch / f"node-{slot}")
             config = worker_config(spec, allocation.run_id, plan, node, node_scratch)
@@ -140,8 +152,16 @@ class LocalLauncher:
                 env[LISTEN_FD_ENV] = str(listen_fd)
             pool = allocation.warm_pools.get(slot)
             with open(open_private(log_path, append=True), "ab") as log:
-                warm = pool.start_agent(torchrun_arguments(spec, allocation, plan, node, slot, attempt_dir), env,
-                                        log.fileno(), listen_fd) if pool else None
+                warm = (
+                    pool.start_agent(
+                        torchrun_arguments(spec, allocation, plan, node, slot, attempt_dir),
+                        env,
+                        log.fileno(),
+                        listen_fd,
+                    )
+                    if pool
+                    else None
+                )
                 handle.warm_nodes += warm is not None
                 handle.processes[node] = warm or subprocess.Popen(
                     ending_with_this_process(agent_command(spec, allocation, plan, node, slot, attempt_dir)),
@@ -169,8 +189,17 @@ class LocalLauncher:
             worker_code = root_cause_exitcode(handle.logs[node]) if code not in (None, 0) else None
             ranks = self._failed_ranks(handle, node) if code not in (None, 0) else ()
             tail = tuple(log_tail(handle.logs[node])) if code not in (None, 0) and not ranks else ()
-            exits.append(NodeExit(node, code, workers_lost=lost, workers_finished=finished, worker_returncode=worker_code,
-                                  ranks=ranks, log_tail=tail))
+            exits.append(
+                NodeExit(
+                    node,
+                    code,
+                    workers_lost=lost,
+                    workers_finished=finished,
+                    worker_returncode=worker_code,
+                    ranks=ranks,
+                    log_tail=tail,
+                )
+            )
         return exits
 
     @staticmethod
@@ -178,8 +207,11 @@ class LocalLauncher:
         """The agent's own account of each failed rank, with that rank's last stderr lines."""
         log_dir = torchrun_log_dir(handle.logs[node].parent, node)
         return tuple(
-            replace(failed, stderr_tail=tuple(stderr_tail(log_dir, failed.local_rank)),
-                    error_line=error_file_line(log_dir, failed.local_rank))
+            replace(
+                failed,
+                stderr_tail=tuple(stderr_tail(log_dir, failed.local_rank)),
+                error_line=error_file_line(log_dir, failed.local_rank),
+            )
             for failed in failed_ranks(handle.logs[node])
         )
 
@@ -219,7 +251,9 @@ class LocalLauncher:
         found = {}
         for node in nodes:
             exited = read_exits(handle.rank_records[node])
-            found.update({rank: pid for rank, pid in read_ranks(handle.rank_records[node]).items() if pid not in exited})
+            found.update(
+                {rank: pid for rank, pid in read_ranks(handle.rank_records[node]).items() if pid not in exited}
+            )
         return found
 
     def replace_node(self, allocation: LocalAllocation, slot: int) -> bool:
@@ -240,8 +274,13 @@ class LocalLauncher:
         handle.processes[node].send_signal(signal.SIGTERM)  # to the node's agent, which passes it on
 
     def cut_node(self, allocation: LocalAllocation, slot: int, permanent: bool) -> str:
-        return cut_node_link(allocation.network, allocation.unrecoverable, slot, permanent,
-                             without_links="node-loss needs resources.network: namespaces")
+        return cut_node_link(
+            allocation.network,
+            allocation.unrecoverable,
+            slot,
+            permanent,
+            without_links="node-loss needs resources.network: namespaces",
+        )
 
     def release(self, allocation: LocalAllocation) -> ReleaseReport:
         report = ReleaseReport()

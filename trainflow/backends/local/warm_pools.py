@@ -48,8 +48,9 @@ class WarmPool:
     source: WarmPool | None = None  # a clone's, until it is made: the zygote it is forked from
     unusable: str | None = None  # why this slot's attempts start cold
 
-    def start_agent(self, argv: list[str], env: dict[str, str], log_fd: int,
-                    listen_fd: int | None = None) -> ForkedProcess | None:
+    def start_agent(
+        self, argv: list[str], env: dict[str, str], log_fd: int, listen_fd: int | None = None
+    ) -> ForkedProcess | None:
         """The node's torchrun agent, forked (with the rendezvous store's listening socket, if given);
         None (and the reason logged once) where it must start cold."""
         if self.unusable is None and self.channel is None:
@@ -166,23 +167,40 @@ def _comparable(env: dict[str, str]) -> dict[str, str]:
 
 
 def _preload(spec) -> list[str]:
-    return modules_to_preload(spec.workload.entrypoint, spec.workload.preload,
-                              spec.workload.mode == WorkloadMode.runtime, Path.cwd())
+    return modules_to_preload(
+        spec.workload.entrypoint, spec.workload.preload, spec.workload.mode == WorkloadMode.runtime, Path.cwd()
+    )
 
 
 def _grace_s(spec) -> float:
     return spec.fault_tolerance.preemption_grace_s + 30.0  # torchrun's own stop, then its SIGKILL
 
 
-def _start(slot: int, preload: list[str], grace_s: float, log_path: Path, env: dict[str, str],
-           wrap: Wrap | None) -> WarmPool:
+def _start(
+    slot: int, preload: list[str], grace_s: float, log_path: Path, env: dict[str, str], wrap: Wrap | None
+) -> WarmPool:
     ours, theirs = socket.socketpair()
-    command = [sys.executable, "-m", "trainflow.backends.warm.zygote", "--channel-fd", str(theirs.fileno()),
-               "--stop-grace-s", str(grace_s), "--preload", *preload]
+    command = [
+        sys.executable,
+        "-m",
+        "trainflow.backends.warm.zygote",
+        "--channel-fd",
+        str(theirs.fileno()),
+        "--stop-grace-s",
+        str(grace_s),
+        "--preload",
+        *preload,
+    ]
     with open(open_private(log_path, append=True), "ab") as log_file:
-        process = subprocess.Popen(wrap(command, slot) if wrap else command, env=env, stdin=subprocess.DEVNULL,
-                                   stdout=log_file, stderr=subprocess.STDOUT, pass_fds=[theirs.fileno()],
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            wrap(command, slot) if wrap else command,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            pass_fds=[theirs.fileno()],
+            start_new_session=True,
+        )
     theirs.close()
     return WarmPool(slot, log_path, preload, env, process=process, channel=ZygoteChannel(ours))
 

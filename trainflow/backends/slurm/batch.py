@@ -14,8 +14,17 @@ from trainflow.backends.slurm.config import slurm_config
 from trainflow.backends.slurm.node_agent import RDZV_ENV
 from trainflow.spec import RunSpec
 
-_UNITS = {"": 1 / 2**20, "K": 1e3 / 2**20, "M": 1e6 / 2**20, "G": 1e9 / 2**20, "T": 1e12 / 2**20,
-          "Ki": 1 / 2**10, "Mi": 1, "Gi": 2**10, "Ti": 2**20}
+_UNITS = {
+    "": 1 / 2**20,
+    "K": 1e3 / 2**20,
+    "M": 1e6 / 2**20,
+    "G": 1e9 / 2**20,
+    "T": 1e12 / 2**20,
+    "Ki": 1 / 2**10,
+    "Mi": 1,
+    "Gi": 2**10,
+    "Ti": 2**20,
+}
 
 
 def job_name(run_id: str) -> str:
@@ -31,7 +40,8 @@ def memory_mb(quantity: str) -> int:
 def sbatch_command(spec: RunSpec, run_id: str, attempt_dir: Path, exclude: list[str]) -> list[str]:
     res, slurm = spec.resources, slurm_config(spec)
     command = [
-        "sbatch", "--parsable",
+        "sbatch",
+        "--parsable",
         f"--job-name={job_name(run_id)}",
         f"--nodes={res.nodes}",
         "--ntasks-per-node=1",
@@ -44,8 +54,14 @@ def sbatch_command(spec: RunSpec, run_id: str, attempt_dir: Path, exclude: list[
     ]
     if res.gpu:
         command.append(f"--gpus-per-node={res.gpu}")
-    for flag, value in (("partition", slurm.partition), ("account", slurm.account), ("qos", slurm.qos),
-                        ("time", slurm.time_limit), ("constraint", slurm.constraint), ("gres", slurm.gres)):
+    for flag, value in (
+        ("partition", slurm.partition),
+        ("account", slurm.account),
+        ("qos", slurm.qos),
+        ("time", slurm.time_limit),
+        ("constraint", slurm.constraint),
+        ("gres", slurm.gres),
+    ):
         if value:
             command.append(f"--{flag}={value}")
     if slurm.warn_before_limit_s:

@@ -10,8 +10,20 @@ from dataclasses import dataclass
 from datetime import datetime
 
 NEEDED = ("sbatch", "squeue", "scontrol", "scancel", "srun", "sinfo")
-ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "RESIZING", "REQUEUED",
-                 "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED"}
+ACTIVE_STATES = {
+    "PENDING",
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "SUSPENDED",
+    "RESIZING",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "SIGNALING",
+    "STAGE_OUT",
+    "STOPPED",
+}
 NODE_TROUBLE = ("DOWN", "NOT_RESPONDING", "FAIL", "DRAIN", "NO_RESPOND")
 
 
@@ -25,8 +37,9 @@ def missing_commands() -> list[str]:
 
 def slurm(*args: str, timeout_s: float = 30.0, env: dict[str, str] | None = None) -> str:
     try:
-        result = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout_s,
-                                env=env, stdin=subprocess.DEVNULL)
+        result = subprocess.run(
+            list(args), capture_output=True, text=True, timeout=timeout_s, env=env, stdin=subprocess.DEVNULL
+        )
     except subprocess.TimeoutExpired:
         raise SlurmError(f"{args[0]}: no answer within {timeout_s:.0f}s") from None
     if result.returncode != 0:

@@ -21,7 +21,9 @@ class SlurmConfig(BackendConfig):
     location: ClassVar[str] = "slurm"
     backend: Literal["slurm"] = "slurm"
 
-    partition: str | None = Field(default=None, min_length=1, title="Partition", description="Default: the cluster's default partition.")
+    partition: str | None = Field(
+        default=None, min_length=1, title="Partition", description="Default: the cluster's default partition."
+    )
     account: str | None = Field(default=None, min_length=1, title="Account")
     qos: str | None = Field(default=None, min_length=1, title="QOS")
     time_limit: str | None = Field(
@@ -35,11 +37,17 @@ class SlurmConfig(BackendConfig):
         title="Warn before the limit (s)",
         description="SIGTERM the workers this long before the time limit: an emergency checkpoint, then a new attempt.",
     )
-    constraint: str | None = Field(default=None, min_length=1, title="Constraint", description="Node features (--constraint).")
-    gres: str | None = Field(default=None, min_length=1, title="GRES", description="Generic resources per node (--gres), e.g. gpu:a100:4.")
+    constraint: str | None = Field(
+        default=None, min_length=1, title="Constraint", description="Node features (--constraint)."
+    )
+    gres: str | None = Field(
+        default=None, min_length=1, title="GRES", description="Generic resources per node (--gres), e.g. gpu:a100:4."
+    )
     exclusive: bool = Field(default=False, title="Exclusive", description="Whole nodes for the job (--exclusive).")
     sbatch_args: list[str] = Field(
-        default_factory=list, title="Extra sbatch options", description="Passed to sbatch as they are, e.g. [--reservation=x]."
+        default_factory=list,
+        title="Extra sbatch options",
+        description="Passed to sbatch as they are, e.g. [--reservation=x].",
     )
     status_host: str | None = Field(
         default=None,

@@ -56,8 +56,10 @@ def time_limit_warning(handle: SlurmAttempt, node: int) -> str | None:
     if not 0 <= before <= warn + WARNING_EARLY_S:
         return None
     limit = handle.job.time_limit if handle.job else "?"
-    return (f"slurm job {handle.job_id}: the time limit's warning, SIGTERM {before:.0f}s before its "
-            f"{limit} limit (--signal=TERM@{warn})")
+    return (
+        f"slurm job {handle.job_id}: the time limit's warning, SIGTERM {before:.0f}s before its "
+        f"{limit} limit (--signal=TERM@{warn})"
+    )
 
 
 def from_job(job: JobState | None) -> tuple[int, Outcome | None, str]:

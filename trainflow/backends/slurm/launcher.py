@@ -96,14 +96,18 @@ class SlurmLauncher:
     def _partition(spec) -> dict[str, str]:
         missing = commands.missing_commands()
         if missing:
-            raise ProvisionError(f"resources.backend: slurm needs Slurm's commands on PATH ({', '.join(missing)} "
-                                 "missing): run on a login node, or install slurm-client and set SLURM_CONF")
+            raise ProvisionError(
+                f"resources.backend: slurm needs Slurm's commands on PATH ({', '.join(missing)} "
+                "missing): run on a login node, or install slurm-client and set SLURM_CONF"
+            )
         try:
             nodes = commands.partition_nodes(slurm_config(spec).partition)
         except SlurmError as exc:
             raise ProvisionError(f"resources.backend: slurm: the cluster does not answer: {exc}") from None
         if not nodes:
-            raise ProvisionError(f"slurm.partition: {slurm_config(spec).partition or 'the default partition'} has no nodes")
+            raise ProvisionError(
+                f"slurm.partition: {slurm_config(spec).partition or 'the default partition'} has no nodes"
+            )
         if len(nodes) < spec.resources.nodes:
             raise ProvisionError(f"resources.nodes: {spec.resources.nodes} asked, the partition has {len(nodes)}")
         return nodes
@@ -117,9 +121,17 @@ class SlurmLauncher:
         scratch.mkdir(parents=True, exist_ok=True)
         hosts = sorted(nodes)
         # links: a cluster brought up by local_cluster, whose node links can be cut for drills
-        return SlurmAllocation(run_id=run_id, backend=self.name, nodes=spec.resources.nodes, scratch=scratch,
-                               status_host=host, slots=list(range(len(hosts))), hosts=hosts,
-                               partition=slurm_config(spec).partition, links=ClusterLinks.for_cluster(hosts))
+        return SlurmAllocation(
+            run_id=run_id,
+            backend=self.name,
+            nodes=spec.resources.nodes,
+            scratch=scratch,
+            status_host=host,
+            slots=list(range(len(hosts))),
+            hosts=hosts,
+            partition=slurm_config(spec).partition,
+            links=ClusterLinks.for_cluster(hosts),
+        )
 
     def launch(self, spec, allocation: SlurmAllocation, plan: AttemptPlan) -> SlurmAttempt:
         attempt_dir = allocation.scratch / f"attempt-{plan.attempt}"
@@ -130,32 +142,48 @@ class SlurmLauncher:
             config = worker_config(spec, allocation.run_id, plan, node, allocation.scratch / f"node-{node}")
             config.write(attempt_dir / f"node-{node}.json")
             logs[node] = attempt_dir / f"node-{node}.log"
-        (attempt_dir / LAUNCH_FILE).write_text(json.dumps({
-            "nodes": nodes, "procs_per_node": spec.resources.procs_per_node,
-            "rdzv_id": f"{allocation.run_id}-{plan.attempt}",
-            "entrypoint": spec.workload.entrypoint, "args": list(spec.workload.args),
-        }))
+        (attempt_dir / LAUNCH_FILE).write_text(
+            json.dumps(
+                {
+                    "nodes": nodes,
+                    "procs_per_node": spec.resources.procs_per_node,
+                    "rdzv_id": f"{allocation.run_id}-{plan.attempt}",
+                    "entrypoint": spec.workload.entrypoint,
+                    "args": list(spec.workload.args),
+                }
+            )
+        )
         (attempt_dir / "job.sh").write_text(batch_script(spec, allocation.run_id, plan.attempt, attempt_dir))
         submit = sbatch_command(spec, allocation.run_id, attempt_dir, allocation.exclude)
         out = commands.slurm(*submit, env=self._environment(spec, allocation))
         job_id = out.strip().split(";")[0]
         allocation.jobs.append(job_id)
-        handle = SlurmAttempt(attempt=plan.attempt, nodes=nodes, started_at=time.time(), logs=logs,
-                              procs_per_node=spec.resources.procs_per_node, job_id=job_id,
-                              run_id=allocation.run_id, attempt_dir=attempt_dir, hosts=allocation.hosts,
-                              warn_before_limit_s=slurm_config(spec).warn_before_limit_s)
+        handle = SlurmAttempt(
+            attempt=plan.attempt,
+            nodes=nodes,
+            started_at=time.time(),
+            logs=logs,
+            procs_per_node=spec.resources.procs_per_node,
+            job_id=job_id,
+            run_id=allocation.run_id,
+            attempt_dir=attempt_dir,
+            hosts=allocation.hosts,
+            warn_before_limit_s=slurm_config(spec).warn_before_limit_s,
+        )
         handle.processes = {node: SlurmNodeTask(self, handle, node) for node in range(nodes)}
         return handle
 
     @staticmethod
     def _environment(spec, allocation: Allocation) -> dict[str, str]:
-        env = commands.environment_with({
-            JOB_ENV: allocation.run_id,
-            "PYTHONUNBUFFERED": "1",
-            "OMP_NUM_THREADS": str(max(1, int(spec.resources.cpu // spec.resources.procs_per_node))),
-            "PYTHONPATH": os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p),
-            POLL_ENV: str(poll_interval_s(spec.resources.nodes)),
-        })
+        env = commands.environment_with(
+            {
+                JOB_ENV: allocation.run_id,
+                "PYTHONUNBUFFERED": "1",
+                "OMP_NUM_THREADS": str(max(1, int(spec.resources.cpu // spec.resources.procs_per_node))),
+                "PYTHONPATH": os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p),
+                POLL_ENV: str(poll_interval_s(spec.resources.nodes)),
+            }
+        )
         env.setdefault("TORCH_CPP_LOG_LEVEL", "INFO")
         return env
 
@@ -197,9 +225,15 @@ class SlurmLauncher:
             worker = root_cause_exitcode(handle.logs[node]) if code not in (None, 0) else None
             exits.append(SlurmNodeExit(node, code, worker_returncode=worker, outcome=outcome, reason=reason))
         if job is None and all(e.running for e in exits) and time.time() - handle.started_at > 5:
-            exits = [SlurmNodeExit(e.node, -signal.SIGKILL, outcome=Outcome.INFRA,
-                                   reason=f"job {handle.job_id} is no longer known to Slurm")
-                     for e in exits]
+            exits = [
+                SlurmNodeExit(
+                    e.node,
+                    -signal.SIGKILL,
+                    outcome=Outcome.INFRA,
+                    reason=f"job {handle.job_id} is no longer known to Slurm",
+                )
+                for e in exits
+            ]
         return exits
 
     def probe(self, handle: SlurmAttempt, node: int) -> str:
@@ -238,17 +272,23 @@ class SlurmLauncher:
 
     def signal_rank(self, allocation: SlurmAllocation, pid: int, sig: signal.Signals) -> None:
         if allocation.links is None:
-            raise RuntimeError("slurm: a rank's process can be signalled only on a cluster brought up on this "
-                               "machine (local_cluster); this cluster's nodes are out of reach")
+            raise RuntimeError(
+                "slurm: a rank's process can be signalled only on a cluster brought up on this "
+                "machine (local_cluster); this cluster's nodes are out of reach"
+            )
         os.kill(pid, sig)  # the cluster's nodes are this machine's namespaces: the pids are ours
 
     def preempt_node(self, handle: AttemptHandle, node: int) -> None:
         handle.processes[node].send_signal(signal.SIGTERM)  # through Slurm, as a preemption would
 
     def cut_node(self, allocation: SlurmAllocation, slot: int, permanent: bool) -> str:
-        return cut_node_link(allocation.links, allocation.unrecoverable, slot, permanent,
-                             without_links="node-loss needs a Slurm cluster brought up by local_cluster "
-                                           "(its node links can be cut)")
+        return cut_node_link(
+            allocation.links,
+            allocation.unrecoverable,
+            slot,
+            permanent,
+            without_links="node-loss needs a Slurm cluster brought up by local_cluster (its node links can be cut)",
+        )
 
     def release(self, allocation: SlurmAllocation) -> ReleaseReport:
         report = ReleaseReport()
@@ -260,7 +300,9 @@ class SlurmLauncher:
                 report.stopped_processes = len(active)
             report.survivors += [f"slurm job {j} still {s}" for j, s in wait_inactive(jobs, GONE_TIMEOUT_S).items()]
             queued = commands.slurm("squeue", "--noheader", f"--name={job_name(allocation.run_id)}", "--format=%i %T")
-            report.survivors += [f"slurm job {line.strip()} still queued" for line in queued.splitlines() if line.strip()]
+            report.survivors += [
+                f"slurm job {line.strip()} still queued" for line in queued.splitlines() if line.strip()
+            ]
         except SlurmError as exc:
             report.survivors.append(f"slurm did not answer at release: {exc}")
         if allocation.links is not None:

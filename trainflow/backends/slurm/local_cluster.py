@@ -106,29 +106,54 @@ class LocalCluster:
         key.write_bytes(secrets.token_bytes(1024))
         key.chmod(0o600)
         munge = self.folder / "munge"
-        self._start("munged", [
-            "munged", "--foreground", "--force", f"--socket={munge / 'munge.socket'}", f"--key-file={key}",
-            f"--pid-file={munge / 'munged.pid'}", f"--log-file={self.folder / 'log' / 'munged.log'}",
-            f"--seed-file={munge / 'munged.seed'}",
-        ])
+        self._start(
+            "munged",
+            [
+                "munged",
+                "--foreground",
+                "--force",
+                f"--socket={munge / 'munge.socket'}",
+                f"--key-file={key}",
+                f"--pid-file={munge / 'munged.pid'}",
+                f"--log-file={self.folder / 'log' / 'munged.log'}",
+                f"--seed-file={munge / 'munged.seed'}",
+            ],
+        )
         self._wait_for(lambda: (munge / "munge.socket").exists(), 20, "munged's socket")
 
     def _start_slurmd(self, index: int, name: str) -> None:
         """slurmd inside the node's namespace with its own hostname and hosts file. `nsenter`, not
         `ip netns exec`: the latter remounts /sys, and slurmd 22.05 then fails to start."""
-        inner = (f"hostname {name} && mount --bind {self.folder / 'etc' / 'hosts'} /etc/hosts && "
-                 f"mount --bind {self.folder / 'etc' / 'resolv.conf'} /etc/resolv.conf && "
-                 f"exec slurmd -D -N {name} -f {self.conf}")
-        self._start(f"slurmd-{name}", [
-            "nsenter", f"--net=/run/netns/{self.network.namespace(index)}",
-            "unshare", "--uts", "--mount", "sh", "-c", inner,
-        ])
+        inner = (
+            f"hostname {name} && mount --bind {self.folder / 'etc' / 'hosts'} /etc/hosts && "
+            f"mount --bind {self.folder / 'etc' / 'resolv.conf'} /etc/resolv.conf && "
+            f"exec slurmd -D -N {name} -f {self.conf}"
+        )
+        self._start(
+            f"slurmd-{name}",
+            [
+                "nsenter",
+                f"--net=/run/netns/{self.network.namespace(index)}",
+                "unshare",
+                "--uts",
+                "--mount",
+                "sh",
+                "-c",
+                inner,
+            ],
+        )
 
     def _start(self, name: str, command: list[str]) -> None:
         log = open(self.folder / "log" / f"{name}.out", "ab")
         with log:
-            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, env={**os.environ, **self.env})
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, **self.env},
+            )
         self.state.pids[name] = proc.pid
         self.state.save()
 
@@ -144,8 +169,13 @@ class LocalCluster:
 
     def _wait_until_idle(self, timeout_s: float) -> None:
         def idle() -> bool:
-            result = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True,
-                                    env={**os.environ, **self.env}, timeout=20)
+            result = subprocess.run(
+                ["sinfo", "-h", "-N", "-o", "%N %t"],
+                capture_output=True,
+                text=True,
+                env={**os.environ, **self.env},
+                timeout=20,
+            )
             states = dict(line.split() for line in result.stdout.splitlines() if line.strip())
             return result.returncode == 0 and all(states.get(n) == "idle" for n in self.node_names)
 

@@ -42,8 +42,10 @@ def state(run_id: str) -> str:
 
 
 def stacks(run_id: str) -> dict[int, str]:
-    return {rank: py_spy_dump(proc.pid, missing="py-spy is not installed on this node")
-            for rank, proc in sorted(workers(run_id).items())}
+    return {
+        rank: py_spy_dump(proc.pid, missing="py-spy is not installed on this node")
+        for rank, proc in sorted(workers(run_id).items())
+    }
 
 
 if __name__ == "__main__":

@@ -44,12 +44,22 @@ def node_stacks(handle: SlurmAttempt, pids_by_rank: dict[int, int]) -> dict[int,
 
 def ask_node(handle: SlurmAttempt, name: str, what: str, timeout_s: float) -> str | None:
     """node_probe's answer on node `name`; None when the node did not answer in time."""
-    command = ["srun", f"--jobid={handle.job_id}", "--overlap", "--nodes=1", "--ntasks=1",
-               f"--nodelist={name}", "--quiet", sys.executable, "-m", "trainflow.backends.slurm.node_probe",
-               what, handle.run_id]
+    command = [
+        "srun",
+        f"--jobid={handle.job_id}",
+        "--overlap",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--nodelist={name}",
+        "--quiet",
+        sys.executable,
+        "-m",
+        "trainflow.backends.slurm.node_probe",
+        what,
+        handle.run_id,
+    ]
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
-                                stdin=subprocess.DEVNULL)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return None
     return result.stdout.strip() if result.returncode == 0 else None

@@ -35,8 +35,7 @@ class Command:
 
     @classmethod
     def parse(cls, message: dict) -> Command:
-        command = cls(role=message["role"], argv=list(message["argv"]), env=dict(message["env"]),
-                      cwd=message["cwd"])
+        command = cls(role=message["role"], argv=list(message["argv"]), env=dict(message["env"]), cwd=message["cwd"])
         if command.role == WORKER:
             command.target, command.as_module, command.args = _python_command(command.argv)
         elif command.role != AGENT:
@@ -125,12 +124,15 @@ def _run_as_main(run_script) -> None:
 
 def _unbuffered_stdio() -> None:
     """New text streams over the new descriptors, unbuffered as with `python -u`."""
-    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8",
-                                                 errors="surrogateescape")
-    sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
-                                                   errors="surrogateescape", write_through=True)
-    sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
-                                                   errors="backslashreplace", write_through=True)
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(
+        io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="surrogateescape"
+    )
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="surrogateescape", write_through=True
+    )
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True
+    )
 
 
 def _fresh_seeds() -> None:

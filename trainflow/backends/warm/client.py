@@ -31,11 +31,11 @@ class ZygoteChannel:
         self.ready: dict | None = None  # the zygote's account of its imports, once it is ready
         self.closed = False
 
-    def fork(self, role: str, argv: list[str], env: dict[str, str], cwd: str, stdio: list[int],
-             timeout_s: float = 30.0) -> ForkedProcess:
+    def fork(
+        self, role: str, argv: list[str], env: dict[str, str], cwd: str, stdio: list[int], timeout_s: float = 30.0
+    ) -> ForkedProcess:
         """A forked process running this command; NotForkable where the zygote cannot."""
-        return self._request({"op": "fork", "role": role, "argv": argv, "env": env, "cwd": cwd}, stdio, argv,
-                             timeout_s)
+        return self._request({"op": "fork", "role": role, "argv": argv, "env": env, "cwd": cwd}, stdio, argv, timeout_s)
 
     def clone(self, log_fd: int, timeout_s: float = 30.0) -> tuple[ZygoteChannel, ForkedProcess]:
         """A zygote forked from this one, its imports done, serving on a channel of its own and

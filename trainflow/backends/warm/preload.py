@@ -12,17 +12,23 @@ import ast
 import importlib.util
 from pathlib import Path
 
-AGENT_MODULES = ("torch", "torch.distributed", "torch.distributed.run", "trainflow.backends.agent", "trainflow.relay.relay",
-                 "trainflow.backends.quick_rendezvous", "trainflow.backends.warm.torchrun_hook",
-                 "torch.distributed.elastic.agent.server.local_elastic_agent",
-                 "torch.distributed.elastic.rendezvous.dynamic_rendezvous",
-                 "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend")
+AGENT_MODULES = (
+    "torch",
+    "torch.distributed",
+    "torch.distributed.run",
+    "trainflow.backends.agent",
+    "trainflow.relay.relay",
+    "trainflow.backends.quick_rendezvous",
+    "trainflow.backends.warm.torchrun_hook",
+    "torch.distributed.elastic.agent.server.local_elastic_agent",
+    "torch.distributed.elastic.rendezvous.dynamic_rendezvous",
+    "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend",
+)
 # Not torch._dynamo, though DDP's constructor imports it (0.8 s of each rank's start): ranks forked
 # from a process that imported it deadlock at exit far more often in torch 2.13's gloo race
 # (docs/warm-workers.md: 15 of 200 forks, against 0 of 200 that import it themselves)
 RANK_MODULES = ("torch.nn.parallel",)
-RUNTIME_MODULES = ("trainflow.runtime", "torch.distributed.checkpoint", "torch.distributed.fsdp",
-                   "torch.nn.parallel")
+RUNTIME_MODULES = ("trainflow.runtime", "torch.distributed.checkpoint", "torch.distributed.fsdp", "torch.nn.parallel")
 
 
 def modules_to_preload(entrypoint: str, extra: list[str], uses_runtime: bool, cwd: Path) -> list[str]:

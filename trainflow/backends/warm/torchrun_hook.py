@@ -36,8 +36,15 @@ def _fd(stream, default: int) -> int:
 
 
 def _handler(entrypoint, args, env, stdout, stderr, local_rank_id, numa_options=None):
-    return ForkingSubprocessHandler(entrypoint=entrypoint, args=args, env=env, stdout=stdout, stderr=stderr,
-                                    local_rank_id=local_rank_id, numa_options=numa_options)
+    return ForkingSubprocessHandler(
+        entrypoint=entrypoint,
+        args=args,
+        env=env,
+        stdout=stdout,
+        stderr=stderr,
+        local_rank_id=local_rank_id,
+        numa_options=numa_options,
+    )
 
 
 def install(channel_fd: int) -> None:

@@ -188,8 +188,10 @@ class Zygote:
                 return
             child = self.children.pop(pid, None)
             if child is not None:
-                self._send(child.channel, {"op": "exited", "id": child.request, "pid": pid,
-                                           "returncode": os.waitstatus_to_exitcode(status)})
+                self._send(
+                    child.channel,
+                    {"op": "exited", "id": child.request, "pid": pid, "returncode": os.waitstatus_to_exitcode(status)},
+                )
 
     def _send(self, channel: Channel, message: dict) -> None:
         if channel.sock.fileno() < 0:
@@ -262,8 +264,13 @@ def main() -> None:
     control = socket.socket(fileno=options.channel_fd)
     started = time.monotonic()
     imported, failed, unfit = preload(options.preload)
-    ready = {"op": "ready" if unfit is None else "unfit", "imported": imported, "failed": failed,
-             "reason": unfit, "import_s": round(time.monotonic() - started, 3)}
+    ready = {
+        "op": "ready" if unfit is None else "unfit",
+        "imported": imported,
+        "failed": failed,
+        "reason": unfit,
+        "import_s": round(time.monotonic() - started, 3),
+    }
     try:
         send_message(control, ready)
     except OSError:

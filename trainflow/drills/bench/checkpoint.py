@@ -43,9 +43,9 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from trainflow.checkpoint.location import S3Location
 from trainflow.drills.bench.checkpoint_report import MB, render
 from trainflow.drills.bench.s3_endpoint import SERVER_NICENESS, BenchError, s3_store
-from trainflow.checkpoint.location import S3Location
 
 __all__ = ["SERVER_NICENESS", "BenchError", "Options", "render", "run_benchmark"]
 
@@ -95,11 +95,25 @@ def _measure(options: Options, uri: str, endpoint: str, work: Path, log) -> dict
     defaults = Checkpoint()
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
     config = WorkerConfig(
-        run_id=run_id, attempt=1, node=0, status_address="127.0.0.1:9", status_token="bench",
-        checkpoint_uri=uri, every_steps=defaults.every_steps, total_steps=10**9, seed=0, spec_hash="0" * 64,
-        code_version="bench", comm_backend="gloo", collective_timeout_s=600.0, heartbeat_interval_s=1.0,
-        orchestrator_timeout_s=60.0, node_scratch=str(work / "node-0"),
-        snapshot_every_s=0.0, keep_every_steps=0, local_tier=defaults.local_tier,  # every save uploads
+        run_id=run_id,
+        attempt=1,
+        node=0,
+        status_address="127.0.0.1:9",
+        status_token="bench",
+        checkpoint_uri=uri,
+        every_steps=defaults.every_steps,
+        total_steps=10**9,
+        seed=0,
+        spec_hash="0" * 64,
+        code_version="bench",
+        comm_backend="gloo",
+        collective_timeout_s=600.0,
+        heartbeat_interval_s=1.0,
+        orchestrator_timeout_s=60.0,
+        node_scratch=str(work / "node-0"),
+        snapshot_every_s=0.0,
+        keep_every_steps=0,
+        local_tier=defaults.local_tier,  # every save uploads
     )
     events: list[dict] = []
     storage = open_storage(uri)
@@ -225,8 +239,9 @@ def _measure(options: Options, uri: str, endpoint: str, work: Path, log) -> dict
         "step_time_s": round(statistics.median(plain_s) / every, 4),
         "checkpoint_every_steps": every,
         "snapshot_every_s": defaults.snapshot_every_s,
-        "step_overhead_pct": round(100.0 * _default_overhead(overheads, statistics.median(plain_s),
-                                                            defaults.snapshot_every_s), 2),
+        "step_overhead_pct": round(
+            100.0 * _default_overhead(overheads, statistics.median(plain_s), defaults.snapshot_every_s), 2
+        ),
         "step_overhead_local_pct": round(100.0 * statistics.median(overheads["local"]), 2),
         "step_overhead_snapshot_pct": round(100.0 * statistics.median(overheads["snapshot"]), 2),
         "failed_saves": len(failed),

@@ -65,12 +65,16 @@ def _moto_server(log):
     # training leaves. Our uploads and the plain boto3 yardstick talk to the same server.
     proc = subprocess.Popen(
         [str(binary), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
         preexec_fn=lambda: os.nice(SERVER_NICENESS),
     )
     overrides = {
-        "AWS_ENDPOINT_URL_S3": endpoint, "AWS_ACCESS_KEY_ID": "trainflow-bench",
-        "AWS_SECRET_ACCESS_KEY": "trainflow-bench", "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL_S3": endpoint,
+        "AWS_ACCESS_KEY_ID": "trainflow-bench",
+        "AWS_SECRET_ACCESS_KEY": "trainflow-bench",
+        "AWS_DEFAULT_REGION": "us-east-1",
     }
     saved = {key: os.environ.get(key) for key in [*overrides, "AWS_PROFILE"]}
     try:

@@ -59,7 +59,9 @@ def run_benchmark(options: Options, log=lambda text: None) -> dict:
     _raise_open_files()
     side = subprocess.Popen(
         [sys.executable, "-m", "trainflow.drills.bench.scale", "orchestrator", json.dumps(vars_of(options))],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         channel = json.loads(side.stdout.readline())
@@ -90,7 +92,8 @@ class _Node:
         self.link = StreamLink(
             channel["address"],
             lambda: NodeHello(token=channel["token"], node=node, attempt=1, version=PROTOCOL_VERSION),
-            source_host=f"127.{1 + node // 62500}.{node // 250 % 250}.{node % 250 + 1}", read_in_thread=False,
+            source_host=f"127.{1 + node // 62500}.{node // 250 % 250}.{node % 250 + 1}",
+            read_in_thread=False,
         )
         self.backlog = b""
         self.silent = False
@@ -134,10 +137,21 @@ def _drive(options: Options, channel: dict, side: subprocess.Popen, log) -> dict
             now = time.time()
             stepped.append((step, now))
             # in lockstep every rank but rank 0 reports the same: one message shared (they are frozen)
-            first = Progress(steps=[StepEntry(step=step, t=now, step_time_s=period, compute_s=period * 0.9,
-                                              metrics={"loss": 1.0, "step_time_s": period})], t=now)
-            other = Progress(steps=[StepEntry(step=step, t=now, step_time_s=period, compute_s=period * 0.9,
-                                              loss=1.0)], t=now)
+            first = Progress(
+                steps=[
+                    StepEntry(
+                        step=step,
+                        t=now,
+                        step_time_s=period,
+                        compute_s=period * 0.9,
+                        metrics={"loss": 1.0, "step_time_s": period},
+                    )
+                ],
+                t=now,
+            )
+            other = Progress(
+                steps=[StepEntry(step=step, t=now, step_time_s=period, compute_s=period * 0.9, loss=1.0)], t=now
+            )
             for node in nodes:
                 apply = node.aggregator.apply
                 for rank in node.ranks:
@@ -241,9 +255,14 @@ def _orchestrator_side(options: Options) -> None:
     print(json.dumps({"address": server.address, "token": server.token}), flush=True)
     handle = AttemptHandle(attempt=1, nodes=nodes, started_at=time.time(), logs={})
     watcher = AttemptWatcher(
-        _AllRunning(nodes), handle, server,
+        _AllRunning(nodes),
+        handle,
+        server,
         WatchLimits(heartbeat_timeout_s=options.heartbeat_timeout_s, hang_timeout_s=None, startup_timeout_s=600),
-        world_size=options.ranks, resumed_from_step=0, on_metrics=lambda rows: None, on_event=lambda event: None,
+        world_size=options.ranks,
+        resumed_from_step=0,
+        on_metrics=lambda rows: None,
+        on_event=lambda event: None,
         step_metrics_every_s=0.0,
     )
     applied: dict[int, float] = {}  # step -> seconds from its end to its row
@@ -284,23 +303,28 @@ def _orchestrator_side(options: Options) -> None:
     expected = verdict.outcome == Outcome.NODE_LOST and verdict.evidence.get("node") == node and silenced_at
     latencies = sorted(applied[s] for s in applied if s <= last_step)
     (t0, c0), (t1, c1) = state.get("cpu_from", (0.0, 0.0)), state.get("cpu_until", (1.0, 0.0))
-    print(json.dumps({
-        "ranks": options.ranks,
-        "nodes": nodes,
-        "steps_per_s": options.steps_per_s,
-        "setup_s": round(state.get("setup_s", float("nan")), 2),
-        "dropped": counter.dropped,
-        "orchestrator_cpu_pct": round(100 * (c1 - c0) / max(t1 - t0, 1e-9), 1),
-        "threads": threads,
-        "rss_mb": round(_rss_mb(), 1),
-        "apply_p50_s": round(_quantile(latencies, 0.5), 3),
-        "apply_p99_s": round(_quantile(latencies, 0.99), 3),
-        "silent_node_detect_s": round(verdict.detected_at - silenced_at, 2) if expected else None,
-        "heartbeat_timeout_s": options.heartbeat_timeout_s,
-        "false_verdicts": 0 if expected else 1,
-        "verdict": f"{verdict.outcome.value}: {verdict.reason}"[:300],
-        "steps_incomplete": sum(1 for s in range(1, last_step + 1) if s not in applied),
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "ranks": options.ranks,
+                "nodes": nodes,
+                "steps_per_s": options.steps_per_s,
+                "setup_s": round(state.get("setup_s", float("nan")), 2),
+                "dropped": counter.dropped,
+                "orchestrator_cpu_pct": round(100 * (c1 - c0) / max(t1 - t0, 1e-9), 1),
+                "threads": threads,
+                "rss_mb": round(_rss_mb(), 1),
+                "apply_p50_s": round(_quantile(latencies, 0.5), 3),
+                "apply_p99_s": round(_quantile(latencies, 0.99), 3),
+                "silent_node_detect_s": round(verdict.detected_at - silenced_at, 2) if expected else None,
+                "heartbeat_timeout_s": options.heartbeat_timeout_s,
+                "false_verdicts": 0 if expected else 1,
+                "verdict": f"{verdict.outcome.value}: {verdict.reason}"[:300],
+                "steps_incomplete": sum(1 for s in range(1, last_step + 1) if s not in applied),
+            }
+        ),
+        flush=True,
+    )
     server.close()
 
 

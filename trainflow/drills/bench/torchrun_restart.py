@@ -14,10 +14,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-WORKER = '''
+WORKER = """
 import json, os, signal, sys, time
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
@@ -31,7 +30,7 @@ if record["restart"] == 0:
         log.write(json.dumps({"killed_at": time.time()}) + "\\n")
     os.kill(os.getpid(), signal.SIGKILL)
 dist.destroy_process_group()
-'''
+"""
 
 
 def measure_torchrun_restart(timeout_s: float = 120) -> float:
@@ -41,10 +40,26 @@ def measure_torchrun_restart(timeout_s: float = 120) -> float:
         script.write_text(WORKER)
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-             "--max-restarts", "1", "--monitor-interval", "0.1", "--log-dir", str(Path(folder) / "torchrun"),
-             str(script), str(log)],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "1",
+                "--max-restarts",
+                "1",
+                "--monitor-interval",
+                "0.1",
+                "--log-dir",
+                str(Path(folder) / "torchrun"),
+                str(script),
+                str(log),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         try:
             proc.wait(timeout_s)

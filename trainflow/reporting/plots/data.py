@@ -14,7 +14,16 @@ from dataclasses import dataclass
 
 from trainflow.contracts import RunSummary
 from trainflow.contracts.ledger import (
-    DETECTION, LOST, OTHER, PRODUCTIVE, RECOVERY, STALLS, RunLedger, milliseconds, percent, seconds,
+    DETECTION,
+    LOST,
+    OTHER,
+    PRODUCTIVE,
+    RECOVERY,
+    STALLS,
+    RunLedger,
+    milliseconds,
+    percent,
+    seconds,
 )
 
 MetricPoint = tuple[int, float, float]  # step, value, unix time in seconds
@@ -24,7 +33,10 @@ Histories = dict[str, list[MetricPoint]]
 PROGRESS_KEYS = ("step_time_s", "loss")  # any metric rank 0 reports every step gives step -> time
 CHECKPOINT_TIMINGS = ("stage_s", "save_s", "hash_s", "upload_s", "commit_s")
 PLOT_METRICS = (
-    "loss", "step_time_s", "checkpoint_bytes", "checkpoint_stall_s",
+    "loss",
+    "step_time_s",
+    "checkpoint_bytes",
+    "checkpoint_stall_s",
     *(f"checkpoint_{name}" for name in CHECKPOINT_TIMINGS),
 )
 
@@ -91,8 +103,10 @@ class Timeline:
     @property
     def title(self) -> str:
         attempts = len(self.attempts)
-        return (f"Run {self.run_id}{_mlflow(self.mlflow_run_id)}: {self.status or 'unfinished'}, "
-                f"{attempts} attempt{'s' * (attempts != 1)} in {seconds(self.wall_s)}")
+        return (
+            f"Run {self.run_id}{_mlflow(self.mlflow_run_id)}: {self.status or 'unfinished'}, "
+            f"{attempts} attempt{'s' * (attempts != 1)} in {seconds(self.wall_s)}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +138,10 @@ class GoodputBreakdown:
     @property
     def title(self) -> str:
         step = "" if self.mean_step_s is None else f", mean step {milliseconds(self.mean_step_s)}"
-        return (f"Run {self.run_id}{_mlflow(self.mlflow_run_id)}: goodput {percent(self.goodput)} of "
-                f"{seconds(self.wall_s)}{step}")
+        return (
+            f"Run {self.run_id}{_mlflow(self.mlflow_run_id)}: goodput {percent(self.goodput)} of "
+            f"{seconds(self.wall_s)}{step}"
+        )
 
 
 SEGMENTS = (PRODUCTIVE, LOST, DETECTION, RECOVERY, STALLS, OTHER)

@@ -7,7 +7,7 @@ global backend): safe inside the orchestrator's threads and in a notebook alike.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from matplotlib.axes import Axes
@@ -19,7 +19,15 @@ from matplotlib.ticker import MaxNLocator
 
 from trainflow.contracts.ledger import percent, seconds
 from trainflow.reporting.plots.data import (
-    DETECTION, LOST, OTHER, PRODUCTIVE, RECOVERY, STALLS, AttemptCurve, GoodputBreakdown, Timeline,
+    DETECTION,
+    LOST,
+    OTHER,
+    PRODUCTIVE,
+    RECOVERY,
+    STALLS,
+    AttemptCurve,
+    GoodputBreakdown,
+    Timeline,
 )
 
 SIZE_IN = (12.0, 5.0)  # at DPI: 1200 x 500 pixels
@@ -72,7 +80,7 @@ def figure_texts(figure: Figure) -> list[str]:
 
 
 def _clock(unix_s: float) -> str:
-    return datetime.fromtimestamp(unix_s, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.fromtimestamp(unix_s, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 # ---- timeline --------------------------------------------------------------------------------
@@ -90,8 +98,10 @@ def draw_timeline(figure: Figure, timeline: Timeline) -> tuple[Axes, Axes]:
                 ax.axvline(attempt.detected_s, color=FAILED_COLOUR, ls="--", lw=1.2, zorder=1)
         ax.grid(axis="x", alpha=0.3)
 
-    attempts_ax.set_xlim(left=min(0.0, *(t for t, _ in timeline.progress)) if timeline.progress else 0.0,
-                         right=max(timeline.wall_s, 1e-3) * 1.01)
+    attempts_ax.set_xlim(
+        left=min(0.0, *(t for t, _ in timeline.progress)) if timeline.progress else 0.0,
+        right=max(timeline.wall_s, 1e-3) * 1.01,
+    )
     figure.suptitle(timeline.title, fontsize=12)
     attempts_ax.set_xlabel(f"seconds since attempt 1 started ({_clock(timeline.origin)})")
     _draw_progress(steps_ax, timeline)
@@ -102,8 +112,17 @@ def draw_timeline(figure: Figure, timeline: Timeline) -> tuple[Axes, Axes]:
         Line2D([], [], color=CHECKPOINT_COLOUR, marker="D", ls="", label="checkpoint committed"),
     ]
     if any(not c.kept for c in timeline.checkpoints):
-        legend.append(Line2D([], [], color=CHECKPOINT_COLOUR, marker="D", ls="", mfc="white",
-                             label="committed, since removed by retention"))
+        legend.append(
+            Line2D(
+                [],
+                [],
+                color=CHECKPOINT_COLOUR,
+                marker="D",
+                ls="",
+                mfc="white",
+                label="committed, since removed by retention",
+            )
+        )
     if any(a.detected_s is not None for a in timeline.attempts):
         legend.append(Line2D([], [], color=FAILED_COLOUR, ls="--", label="failure detected"))
     if timeline.recoveries:
@@ -119,14 +138,36 @@ def _draw_progress(ax: Axes, timeline: Timeline) -> None:
     else:
         ax.text(0.5, 0.5, "no per-step metrics recorded", transform=ax.transAxes, ha="center", color="0.4")
     for mark in timeline.checkpoints:
-        ax.plot(mark.at_s, mark.step, marker="D", ms=7, ls="", color=CHECKPOINT_COLOUR,
-                mfc=CHECKPOINT_COLOUR if mark.kept else "white", zorder=4)
-        ax.annotate(f"ckpt {mark.step}", (mark.at_s, mark.step), xytext=(8, -3), textcoords="offset points",
-                    fontsize=8, color=CHECKPOINT_COLOUR, bbox=LABEL_BOX)
+        ax.plot(
+            mark.at_s,
+            mark.step,
+            marker="D",
+            ms=7,
+            ls="",
+            color=CHECKPOINT_COLOUR,
+            mfc=CHECKPOINT_COLOUR if mark.kept else "white",
+            zorder=4,
+        )
+        ax.annotate(
+            f"ckpt {mark.step}",
+            (mark.at_s, mark.step),
+            xytext=(8, -3),
+            textcoords="offset points",
+            fontsize=8,
+            color=CHECKPOINT_COLOUR,
+            bbox=LABEL_BOX,
+        )
     for span in timeline.recoveries:
-        ax.annotate(f"recovery {seconds(span.seconds)}", ((span.start_s + span.end_s) / 2, 1.0),
-                    xycoords=("data", "axes fraction"), xytext=(0, -14), textcoords="offset points",
-                    ha="center", fontsize=9, color="#e65100")
+        ax.annotate(
+            f"recovery {seconds(span.seconds)}",
+            ((span.start_s + span.end_s) / 2, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(0, -14),
+            textcoords="offset points",
+            ha="center",
+            fontsize=9,
+            color="#e65100",
+        )
     top = max([s for _, s in timeline.progress] + [a.last_step for a in timeline.attempts] + [1])
     ax.set_ylim(0, top * 1.12)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -145,8 +186,17 @@ def _draw_attempts(ax: Axes, timeline: Timeline) -> None:
         ax.barh(row, width, left=attempt.start_s, height=0.6, color=colour, alpha=0.85, zorder=2)
         if attempt.detected_s is not None:
             ax.plot(attempt.detected_s, row, marker="X", ms=10, color=FAILED_COLOUR, mec="white", zorder=4)
-        label = ax.text(attempt.start_s + pad, row, attempt.label, va="center", ha="left", fontsize=9, color="white",
-                        fontweight="bold", zorder=3)
+        label = ax.text(
+            attempt.start_s + pad,
+            row,
+            attempt.label,
+            va="center",
+            ha="left",
+            fontsize=9,
+            color="white",
+            fontweight="bold",
+            zorder=3,
+        )
         # inside the bar, before the failure marker, when it fits; else just after the bar
         room_until = attempt.detected_s if attempt.detected_s is not None else attempt.start_s + width
         if not _fits(ax, label, attempt.start_s + pad, room_until - pad):
@@ -202,8 +252,16 @@ def draw_goodput(figure: Figure, breakdown: GoodputBreakdown) -> tuple[Axes, Axe
 
     figure.draw_without_rendering()  # settle the layout: the labels below are measured against it
     for left, segment in zip(starts, breakdown.segments):  # names where they fit, else the share, else nothing
-        label = share_ax.text(left + segment.seconds / 2, 0, f"{segment.label}\n{percent(segment.share)}",
-                              ha="center", va="center", fontsize=9, color="white", fontweight="bold")
+        label = share_ax.text(
+            left + segment.seconds / 2,
+            0,
+            f"{segment.label}\n{percent(segment.share)}",
+            ha="center",
+            va="center",
+            fontsize=9,
+            color="white",
+            fontweight="bold",
+        )
         if not _fits(share_ax, label, left, left + segment.seconds):
             label.set_text(percent(segment.share))
             if not _fits(share_ax, label, left, left + segment.seconds):
@@ -225,13 +283,27 @@ def draw_curves_by_attempt(ax: Axes, curves: list[AttemptCurve], metric: str = "
     for curve in curves:
         colour = outcome_colour(curve.outcome)
         if curve.steps:
-            ax.plot(curve.steps, curve.values, color=colour, lw=1.4, marker="." if len(curve.steps) < 60 else None,
-                    label=f"attempt {curve.attempt} ({curve.outcome})")
+            ax.plot(
+                curve.steps,
+                curve.values,
+                color=colour,
+                lw=1.4,
+                marker="." if len(curve.steps) < 60 else None,
+                label=f"attempt {curve.attempt} ({curve.outcome})",
+            )
         if curve.failed_at_step is not None:
             ax.axvline(curve.failed_at_step, color=colour, ls="--", lw=1.2)
-            ax.annotate(f"attempt {curve.attempt}: {curve.outcome} at step {curve.failed_at_step}",
-                        (curve.failed_at_step, 1.0), xycoords=("data", "axes fraction"), xytext=(-4, -12),
-                        textcoords="offset points", ha="right", fontsize=8, color=colour, bbox=LABEL_BOX)
+            ax.annotate(
+                f"attempt {curve.attempt}: {curve.outcome} at step {curve.failed_at_step}",
+                (curve.failed_at_step, 1.0),
+                xycoords=("data", "axes fraction"),
+                xytext=(-4, -12),
+                textcoords="offset points",
+                ha="right",
+                fontsize=8,
+                color=colour,
+                bbox=LABEL_BOX,
+            )
     ax.set_xlabel("training step")
     ax.set_ylabel(metric)
     if title:
