@@ -32,9 +32,12 @@ deploy: $(STAMP)
 	$(PREFECT) work-queue inspect research --pool trainflow-local >/dev/null 2>&1 || $(PREFECT) work-queue create research --pool trainflow-local --priority 2
 	PWD=$(CURDIR) $(PREFECT) --no-prompt deploy --all
 
-# Before every commit, in under a minute: types, the import rules and the unit tests that start no
-# process (one that does fails here: mark it, see tests/conftest.py).
+# Before every commit, in under a minute: lint and format (`ruff format .` fixes the format), types,
+# the import rules and the unit tests that start no process (one that does fails here: mark it, see
+# tests/conftest.py).
 check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	PYTHONPATH=$(CURDIR) $(BIN)/lint-imports
 	$(BIN)/python -m pytest --without-processes -q tests/unit
