@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainflow.backends.base import NodeExit, RankExit
-from trainflow.orchestrator.failures import AttemptResult, Outcome, PlainWindow, classify_exit, decide, exception_line
+from trainflow.orchestrator.failures import AttemptResult, Outcome, PlainWindow, classify_exit, closing_line, decide, exception_line
 from trainflow.orchestrator.status import AttemptStatus
 from trainflow.runtime.reporter import EXIT_ORCHESTRATOR_LOST
 from trainflow.spec import FaultTolerance
@@ -458,6 +458,14 @@ def test_the_reason_is_the_exception_line_never_a_warnings_source_line():
         exception_line(("usage: train.py [-h]", "train.py: error: argument --lr: invalid float value: 'x'"))
         == "train.py: error: argument --lr: invalid float value: 'x'"
     )
+
+
+def test_a_script_exiting_with_its_own_message_is_quoted_when_it_raised_nothing():
+    said = ("rank 0 says hello", "loud_output.py: rank 0 ran out of data after 60 steps")
+    exits = [NodeExit(0, 1, ranks=(RankExit(0, 0, 1, observed_at=100.0, root_cause=True, stderr_tail=said),))]
+    _, reason = classify_exit(exits, status(), world_size=2, plain=True, window=PlainWindow(90.0, 30.0))
+    assert reason.endswith(": loud_output.py: rank 0 ran out of data after 60 steps")
+    assert closing_line(WARNED_THEN_DIED) == "" and closing_line(WARNED_THEN_DIED[:1]) == ""
 
 
 def test_a_plain_exit_after_the_start_up_window_is_a_crash_and_within_it_the_users():

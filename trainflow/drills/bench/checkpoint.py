@@ -40,7 +40,7 @@ import tempfile
 import time
 import uuid
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from trainflow.checkpoint.location import S3Location
@@ -117,7 +117,7 @@ def _measure(options: Options, uri: str, endpoint: str, work: Path, log) -> dict
     )
     events: list[dict] = []
     storage = open_storage(uri)
-    collect = lambda kind, **fields: events.append({"kind": kind, **fields})  # noqa: E731
+    collect = lambda message: events.append({"kind": message.kind, **asdict(message)})  # noqa: E731
     saver = Checkpointer(config, storage, 0, 1, send=collect)
     # a synchronous save runs on the training thread, at training's priority: so does this yardstick
     syncer = Checkpointer(replace(config, node_scratch=str(work / "node-s")), storage, 0, 1, send=collect, niceness=0)
