@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from trainflow.backends.base import NodeExit, RankExit
-from trainflow.orchestrator.failures import AttemptResult, Outcome, PlainWindow, classify_exit, closing_line, decide, exception_line
+from trainflow.orchestrator.failures import (
+    AttemptResult,
+    Outcome,
+    PlainWindow,
+    classify_exit,
+    closing_line,
+    decide,
+    exception_line,
+)
 from trainflow.orchestrator.status import AttemptStatus
 from trainflow.runtime.reporter import EXIT_ORCHESTRATOR_LOST
 from trainflow.spec import FaultTolerance
