@@ -68,10 +68,14 @@ _TRACEBACK = "Traceback (most recent call last):"
 _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b|.*\berror\b)", re.I)
 
 
+def _without_rank_prefix(lines: tuple[str, ...] | list[str]) -> list[str]:
+    return [_RANK_PREFIX.sub("", line).rstrip() for line in lines]
+
+
 def exception_line(lines: tuple[str, ...] | list[str]) -> str:
     """The line that says why a rank failed: the exception line ending its last traceback, else the
     last line that reads as an error; "" when there is none (never a warning or a source line)."""
-    cleaned = [_RANK_PREFIX.sub("", line).rstrip() for line in lines]
+    cleaned = _without_rank_prefix(lines)
     starts = [i for i, line in enumerate(cleaned) if line.strip() == _TRACEBACK]
     if starts:
         for line in cleaned[starts[-1] + 1 :]:
@@ -86,7 +90,7 @@ def exception_line(lines: tuple[str, ...] | list[str]) -> str:
 def closing_line(lines: tuple[str, ...] | list[str]) -> str:
     """A script's parting message when it has no exception line (`sys.exit("...")` prints one):
     its final stderr line, unless that is a warning or part of one."""
-    cleaned = [_RANK_PREFIX.sub("", line).rstrip() for line in lines]
+    cleaned = _without_rank_prefix(lines)
     final = next((line for line in reversed(cleaned) if line.strip()), "")
     if not final or final[0].isspace() or "Warning" in final:
         return ""
