@@ -12,6 +12,7 @@ from enum import Enum
 from pathlib import Path
 
 from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, NodeExit, RankExit, ReleaseReport
+from trainflow.contracts.status_protocol import Checkpoint, Finished, Progress, Started, StepEntry
 from trainflow.orchestrator.status import StatusServer
 from trainflow.runtime.reporter import StatusReporter
 from trainflow.spec import RunSpec
@@ -52,6 +53,7 @@ class ScriptedLauncher:
         self.released: list[Path] = []
         self.launched_world_sizes: list[int] = []
         self.threads: list[threading.Thread] = []
+        self.lost: list[str] = []  # what a reporter would have stopped its worker for
 
     def provision(self, spec: RunSpec, run_id: str, scratch: Path) -> Allocation:
         scratch.mkdir(parents=True, exist_ok=True)
@@ -103,11 +105,12 @@ class ScriptedLauncher:
                 {"rank": rank, "node": node, "attempt": plan.attempt, "pid": os.getpid() * 1000 + rank},
                 heartbeat_interval_s=0.2,
                 orchestrator_timeout_s=60.0,
+                on_lost=self._lost,
             )
             for rank in ranks
         }
         for reporter in reporters.values():
-            reporter.send("started", world_size=world)
+            reporter.send(Started(world_size=world))
         # as a real worker is, by its heartbeats, long before it ends: known to the orchestrator
         deadline = time.monotonic() + 60
         while not set(ranks) <= set(self.channel.snapshot().ranks) and time.monotonic() < deadline:
@@ -116,18 +119,20 @@ class ScriptedLauncher:
         for step in range(1, last + 1):
             for reporter in reporters.values():
                 reporter.send(
-                    "progress",
-                    steps=[{"step": step, "step_time_s": 0.01, "t": time.time(), "metrics": {"loss": 1.0 / step}}],
+                    Progress(
+                        steps=[StepEntry(step=step, step_time_s=0.01, t=time.time(), metrics={"loss": 1.0 / step})]
+                    )
                 )
                 if step == act.checkpoint_at and reporter is reporters.get(0):
                     reporter.send(
-                        "checkpoint",
-                        step=step,
-                        prefix=f"{spec.name}/step-{step}",
-                        status="failed",
-                        reason="scripted: nothing was written",
-                        bytes=0,
-                        stall_s=0.0,
+                        Checkpoint(
+                            step=step,
+                            prefix=f"{spec.name}/step-{step}",
+                            status="failed",
+                            reason="scripted: nothing was written",
+                            bytes=0,
+                            stall_s=0.0,
+                        )
                     )
         # ranks in step (as a collective keeps them): every rank's last step is known to the
         # orchestrator before any of them ends, so an attempt's last step is the act's
@@ -137,7 +142,7 @@ class ScriptedLauncher:
         ending_here = act.node == node
         if act.end == End.finish:
             for reporter in reporters.values():
-                reporter.send("finished", step=last, params_sha256="0" * 64, loss=1.0 / max(last, 1))
+                reporter.send(Finished(step=last, params_sha256="0" * 64, loss=1.0 / max(last, 1)))
         if act.end == End.finish or ending_here:
             for reporter in reporters.values():
                 reporter.close()  # what was sent is delivered, then the connection ends
@@ -151,6 +156,10 @@ class ScriptedLauncher:
                 reporter.close()
             handle.returncodes[node] = -15
         handle.done[node].set()
+
+    def _lost(self, message: str) -> None:
+        """A real worker exits when the orchestrator is gone; a thread of the test process must not."""
+        self.lost.append(message)
 
     def _all_at(self, step: int, world: int) -> bool:
         ranks = self.channel.snapshot().ranks

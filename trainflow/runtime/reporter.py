@@ -15,6 +15,7 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from trainflow.contracts.status_protocol import PROTOCOL_VERSION, Heartbeat, Hello, encode
 from trainflow.relay.link import StreamLink
@@ -37,7 +38,11 @@ class StatusReporter:
         identity: dict,
         heartbeat_interval_s: float,
         orchestrator_timeout_s: float,
+        on_lost: Callable[[str], None] | None = None,
     ):
+        """`on_lost(message)` runs when the orchestrator stops answering or refuses this worker;
+        by default the worker says why on stderr and exits ORCHESTRATOR_LOST."""
+        self._on_lost = on_lost or _exit_lost
         self._interval = heartbeat_interval_s
         self._timeout = orchestrator_timeout_s
         self._queue: queue.Queue = queue.Queue()
@@ -84,15 +89,17 @@ class StatusReporter:
         while not self._closed.wait(min(self._interval, 1.0)):
             silent = time.monotonic() - self._link.answered_at
             if silent > self._timeout:
-                self._stop(
+                self._closed.set()
+                self._on_lost(
                     f"no answer from the orchestrator for {silent:.0f}s "
                     f"(fault_tolerance.orchestrator_timeout_s: {self._timeout:g}s), stopping this worker"
                 )
 
     def _refused(self, reason: str) -> None:
-        self._stop(f"the status channel refused this worker: {reason}")
+        self._closed.set()
+        self._on_lost(f"the status channel refused this worker: {reason}")
 
-    @staticmethod
-    def _stop(message: str) -> None:
-        print(f"trainflow: {message}", file=sys.stderr, flush=True)
-        os._exit(EXIT_ORCHESTRATOR_LOST)
+
+def _exit_lost(message: str) -> None:
+    print(f"trainflow: {message}", file=sys.stderr, flush=True)
+    os._exit(EXIT_ORCHESTRATOR_LOST)
