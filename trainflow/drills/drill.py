@@ -74,7 +74,7 @@ def check_plan(spec: RunSpec, plan: FaultPlan) -> None:
     if plan.kind == FaultKind.storage_outage and not spec.checkpoint.is_remote:
         raise SpecError("--fault storage-outage: needs an s3:// checkpoint.uri")
     first_checkpoint = spec.checkpoint.every_steps
-    if plan.kind == FaultKind.corrupt_checkpoint and plan.at_step <= first_checkpoint:
+    if plan.kind == FaultKind.corrupt_checkpoint and plan.at_s is None and plan.at_step <= first_checkpoint:
         # the fault gate guarantees only the save before the fault step's own is committed
         raise SpecError(
             f"--at-step {plan.at_step}: corrupt-checkpoint needs a committed checkpoint before the "

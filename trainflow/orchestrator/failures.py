@@ -87,16 +87,6 @@ def exception_line(lines: tuple[str, ...] | list[str]) -> str:
     return ""
 
 
-def closing_line(lines: tuple[str, ...] | list[str]) -> str:
-    """A script's parting message when it has no exception line (`sys.exit("...")` prints one):
-    its final stderr line, unless that is a warning or part of one."""
-    cleaned = _without_rank_prefix(lines)
-    final = next((line for line in reversed(cleaned) if line.strip()), "")
-    if not final or final[0].isspace() or "Warning" in final:
-        return ""
-    return final.strip()[:500]
-
-
 def rank_failures(exits: list[NodeExit], status: AttemptStatus) -> list[RankFailure]:
     """Every failure that could be the cause, earliest first. A rank that only reported a peer's
     disappearance (in its error report, or as the last line of its stderr), or that its own agent
@@ -166,7 +156,9 @@ def describe_failure(
         )
     ranked = status.ranks.get(failure.rank) if failure.rank is not None else None
     at_step = f" at step {ranked.step}" if ranked is not None and status.first_step_at else ""
-    said = exception_line(failure.stderr_tail) or failure.error_line or closing_line(failure.stderr_tail)
+    # never the last stderr line as such: a script that logs to stderr and dies without a traceback
+    # would be blamed on its latest log line (its tail is in the attempt's evidence)
+    said = exception_line(failure.stderr_tail) or failure.error_line
     quoted = f": {said}" if said else ""
     if code == EXIT_ORCHESTRATOR_LOST:
         return Outcome.INFRA, f"{failure.who} lost the orchestrator"
