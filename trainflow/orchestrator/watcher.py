@@ -140,7 +140,7 @@ class AttemptWatcher:
                 return verdict
         fault = self.tracking_fault()
         if fault is not None:
-            return self._result(Outcome.INFRA, fault, status, now, None, {"tracking_store": fault})
+            return self._result(Outcome.INFRA, fault, self.channel.snapshot(), now, None, {"tracking_store": fault})
 
         if self.plain:
             return None
@@ -281,7 +281,7 @@ class AttemptWatcher:
             evidence["diverged"] = status.diverged
         return self._result(outcome, reason, status, detected_at, failed_at, evidence)
 
-    def _storage_stall(self, status, now: float, stalled_since: float) -> AttemptResult:
+    def _storage_stall(self, status: AttemptStatus, now: float, stalled_since: float) -> AttemptResult:
         """No progress while ranks wait on the checkpoint store: a storage outage (INFRA), not a hang."""
         calls = {rank: r.message for rank, r in self._storage_calls.items() if isinstance(r.message, Storage)}
         first_rank, call = min(calls.items(), key=lambda item: item[1].since)
@@ -294,7 +294,15 @@ class AttemptWatcher:
         evidence = {"storage_calls": [c.as_dict() for c in self._storage_calls.values()]}
         return self._result(Outcome.INFRA, reason, status, now, call.since, evidence)
 
-    def _hung(self, reason, status, detected_at, failed_at, evidence, nodes=None) -> AttemptResult:
+    def _hung(
+        self,
+        reason: str,
+        status: AttemptStatus,
+        detected_at: float,
+        failed_at: float | None,
+        evidence: dict,
+        nodes: list[int] | None = None,
+    ) -> AttemptResult:
         result = self._result(Outcome.HUNG, reason, status, detected_at, failed_at, evidence)
         result.evidence["stacks"] = self._stacks(status, nodes)
         return result
@@ -320,7 +328,15 @@ class AttemptWatcher:
             self.on_event(report)
         self._metrics.add_rows(scores)
 
-    def _result(self, outcome, reason, status, detected_at, failed_at, evidence) -> AttemptResult:
+    def _result(
+        self,
+        outcome: Outcome,
+        reason: str,
+        status: AttemptStatus,
+        detected_at: float,
+        failed_at: float | None,
+        evidence: dict,
+    ) -> AttemptResult:
         # the node folders go at teardown; the logs are kept as this attempt's MLflow artifacts
         evidence = {
             **evidence,
