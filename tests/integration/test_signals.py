@@ -125,9 +125,11 @@ def wait_gone(home: Path) -> list[psutil.Process]:
     return left
 
 
-def mlflow_runs(home: Path) -> list:
+def mlflow_runs(home: Path, attempts: bool = False) -> list:
+    """The lifecycle runs recorded under `home`; with `attempts`, their nested attempt runs instead."""
     client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
-    return [run for e in client.search_experiments() for run in client.search_runs([e.experiment_id])]
+    runs = [run for e in client.search_experiments() for run in client.search_runs([e.experiment_id])]
+    return [run for run in runs if ("mlflow.parentRunId" in run.data.tags) == attempts]
 
 
 def committed_steps(home: Path) -> list[int]:
@@ -167,6 +169,7 @@ def test_a_signal_to_the_process_group_ends_the_run_cleanly_with_an_emergency_ch
     runs = mlflow_runs(home)
     assert [r.info.status for r in runs] == ["KILLED"], [(r.info.run_name, r.info.status) for r in runs]
     assert runs[0].data.tags["reason"] == f"stopped by {signal.Signals(signum).name} before it finished"
+    assert [r.info.status for r in mlflow_runs(home, attempts=True)] == ["KILLED"]
     assert run_folders(home) == []
     assert wait_gone(home) == []
     assert ended(server) and not is_listening(port)
@@ -191,7 +194,8 @@ def test_a_group_sigterm_early_in_the_run_leaves_nothing_open_or_behind(home, pr
     stderr = stderr_of(proc)
     assert returncode == 128 + signal.SIGTERM, stderr[-4000:]
     assert "Traceback" not in stderr and "ConnectError" not in stderr, stderr[-4000:]
-    assert [(r.info.run_name, r.info.status) for r in mlflow_runs(home) if r.info.status == "RUNNING"] == []
+    everything = mlflow_runs(home) + mlflow_runs(home, attempts=True)
+    assert [(r.info.run_name, r.info.status) for r in everything if r.info.status == "RUNNING"] == []
     assert run_folders(home) == []
     assert wait_gone(home) == []
     assert ended(server) and not is_listening(port)
@@ -216,7 +220,8 @@ def test_a_sigkilled_orchestrator_takes_its_server_and_agents_along_and_the_next
     # the agents' SIGTERM made the workers save an emergency checkpoint on the way out
     assert committed_steps(home) and committed_steps(home)[-1] >= ANNOUNCE_AT_STEP
     [killed] = mlflow_runs(home)
-    assert killed.info.status == "RUNNING"  # nobody could close it yet
+    [cut_short] = mlflow_runs(home, attempts=True)
+    assert killed.info.status == cut_short.info.status == "RUNNING"  # nobody could close them yet
 
     # the next run reaps what the dead orchestrator recorded, and resumes from that checkpoint
     newest = committed_steps(home)[-1]
@@ -238,5 +243,6 @@ def test_a_sigkilled_orchestrator_takes_its_server_and_agents_along_and_the_next
     reaped = MlflowClient(summary["tracking_uri"]).get_run(killed.info.run_id)
     assert reaped.info.status == "FAILED"
     assert "the orchestrator died before teardown" in reaped.data.tags["reason"]
+    assert MlflowClient(summary["tracking_uri"]).get_run(cut_short.info.run_id).info.status == "KILLED"
     assert not run_folder.exists() and run_folders(home) == []
     assert wait_gone(home) == []

@@ -97,12 +97,22 @@ def _clear(run_id: str, scratch: Path, network: dict | None) -> int:
 
 
 def _mark_failed(marker: dict) -> None:
+    """The dead run FAILED, and its attempt cut short (a nested run) KILLED, as teardown would have."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
+
+    from trainflow.reporting.tracking import PARENT_TAG
 
     try:
         client = MlflowClient(marker["tracking_uri"])
         run = client.get_run(marker["mlflow_run_id"])
+        attempts = client.search_runs(
+            [run.info.experiment_id],
+            filter_string=f"tags.`{PARENT_TAG}` = '{run.info.run_id}' and attributes.status = 'RUNNING'",
+        )
+        for attempt in attempts:
+            client.set_tag(attempt.info.run_id, "reason", "the orchestrator died during this attempt")
+            client.set_terminated(attempt.info.run_id, status="KILLED")
         if run.info.status == "RUNNING":
             client.set_tag(run.info.run_id, "status", "failed")
             client.set_tag(run.info.run_id, "reason", "the orchestrator died before teardown; reaped by a later run")
