@@ -256,3 +256,25 @@ def test_the_preload_leaves_torch_dynamo_to_the_rank(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     imported_late = json.loads(result.stdout.strip().splitlines()[-1])
     assert "torch._dynamo" in imported_late
+
+
+def test_a_scripts_exit_message_is_recorded_in_torchruns_error_file_as_record_would(tmp_path, monkeypatch):
+    from trainflow.backends.torchrun_report import error_file_line
+    from trainflow.backends.warm.child import _run_as_main
+
+    error_file = tmp_path / "run" / "attempt_0" / "0" / "error.json"
+    error_file.parent.mkdir(parents=True)
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+
+    def gives_up() -> None:
+        sys.exit("train.py: ran out of data")
+
+    with pytest.raises(SystemExit) as ended:
+        _run_as_main(gives_up)
+    assert ended.value.code == "train.py: ran out of data"  # the interpreter still prints it and exits 1
+    assert error_file_line(tmp_path, 0) == "SystemExit: train.py: ran out of data"
+
+    error_file.unlink()
+    with pytest.raises(SystemExit):
+        _run_as_main(lambda: sys.exit(3))  # a bare exit code says nothing more than the code
+    assert not error_file.exists()

@@ -5,6 +5,7 @@ agent for a node."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import runpy
 import signal
@@ -106,7 +107,9 @@ def _run_as_main(run_script) -> None:
     the process exits 1, as a script run by `python` does."""
     try:
         run_script()
-    except SystemExit:
+    except SystemExit as exc:
+        if exc.code is not None and not isinstance(exc.code, int):
+            _record_exit_message(str(exc.code))
         raise
     except BaseException as exc:
         tb = exc.__traceback__
@@ -120,6 +123,19 @@ def _run_as_main(run_script) -> None:
             os.kill(os.getpid(), signal.SIGINT)
         sys.exit(1)
     sys.exit(0)
+
+
+def _record_exit_message(message: str) -> None:
+    """`sys.exit("why")` is the script's own word on its failure: written where torch's `@record`
+    writes an exception (torchrun's error file for this rank), unless the script recorded one."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or os.path.exists(path):
+        return
+    try:
+        with open(path, "x", encoding="utf-8") as file:
+            json.dump({"message": {"message": f"SystemExit: {message}", "extraInfo": {"py_callstack": ""}}}, file)
+    except OSError:
+        pass  # the message is still on stderr
 
 
 def _unbuffered_stdio() -> None:
