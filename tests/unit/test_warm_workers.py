@@ -259,6 +259,8 @@ def test_the_preload_leaves_torch_dynamo_to_the_rank(tmp_path):
 
 
 def test_a_scripts_exit_message_is_recorded_in_torchruns_error_file_as_record_would(tmp_path, monkeypatch):
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
     from trainflow.backends.torchrun_report import error_file_line
     from trainflow.backends.warm.child import _run_as_main
 
@@ -273,6 +275,8 @@ def test_a_scripts_exit_message_is_recorded_in_torchruns_error_file_as_record_wo
         _run_as_main(gives_up)
     assert ended.value.code == "train.py: ran out of data"  # the interpreter still prints it and exits 1
     assert error_file_line(tmp_path, 0) == "SystemExit: train.py: ran out of data"
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(error_file))  # as torchrun reads it
+    assert failure.message["message"] == "SystemExit: train.py: ran out of data" and failure.timestamp > 0
 
     error_file.unlink()
     with pytest.raises(SystemExit):

@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from trainflow.contracts.status_protocol import (
     PROTOCOL_VERSION,
@@ -38,6 +39,7 @@ from trainflow.contracts.status_protocol import (
     decode,
     encode,
 )
+from trainflow.private_files import private_folder
 from trainflow.relay.aggregator import NodeAggregator
 from trainflow.relay.lines import LineBuffer, LineTooLong
 from trainflow.relay.link import StreamLink
@@ -281,6 +283,8 @@ def start_for_node() -> NodeRelay | None:
     if not os.environ.get(CONFIG_ENV):
         return None
     config = WorkerConfig.from_env()
+    if config.node_scratch:  # where the launcher could not make it (Slurm: only the node can)
+        private_folder(Path(config.node_scratch))
     relay = NodeRelay(
         config.status_address,
         config.status_token,

@@ -11,6 +11,7 @@ import runpy
 import signal
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,7 +134,8 @@ def _record_exit_message(message: str) -> None:
         return
     try:
         with open(path, "x", encoding="utf-8") as file:
-            json.dump({"message": {"message": f"SystemExit: {message}", "extraInfo": {"py_callstack": ""}}}, file)
+            extra = {"py_callstack": "", "timestamp": str(int(time.time()))}  # torch's reader needs both
+            json.dump({"message": {"message": f"SystemExit: {message}", "extraInfo": extra}}, file)
     except OSError:
         pass  # the message is still on stderr
 
