@@ -122,10 +122,6 @@ def test_storage_outage_is_survived(drill_env):
     assert report["resources_released"] is True, report["leftovers"]
 
 
-@pytest.mark.skipif(
-    os.environ.get("TRAINFLOW_SCALE_TESTS") != "1",
-    reason="32 ranks on two cores: run with TRAINFLOW_SCALE_TESTS=1 (it failed in a full 2-core suite run)",
-)
 @pytest.mark.timeout(900)
 def test_a_32_rank_job_on_two_cores_resumes_exactly_after_a_crash(drill_env):
     # 4 nodes x 8 ranks of a tiny model: 4x the ranks per core the capacity check allows unasked
