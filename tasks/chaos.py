@@ -10,9 +10,9 @@ from trainflow.drills.chaos import FaultPlan, Injection, inject
 from trainflow.home import resolve_checkpoint_uri
 
 
-@lifecycle_task(name="inject-fault", task_run_name="inject-{plan.kind.value}-at-step-{plan.at_step}")
+@lifecycle_task(name="inject-fault", task_run_name="inject-{plan.kind.value}-{plan.moment}")
 def inject_fault(launched: Launched, plan: FaultPlan) -> Injection:
-    """Wait for the planned step, then break what the plan says."""
+    """Wait for the planned step (or time), then break what the plan says."""
     spec, provisioned = launched.spec, launched.provisioned
     injection = inject(
         plan,

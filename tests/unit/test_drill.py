@@ -239,6 +239,20 @@ def test_a_plain_drill_passes_resuming_from_the_newest_copy_before_the_fault_and
     assert report["newest_copy_before_fault"] == "s3://b/p/run/step-00000001" and report["passed"] is True
 
 
+def test_the_newest_copy_the_injector_saw_counts_though_retention_removed_it_from_the_final_index():
+    run = plain_run("s3://b/p/run/step-00000001")
+    run["checkpoints"] = run["checkpoints"][2:]  # keep_last: only the copy made after the fault is left
+    run["faults"][0]["detail"]["newest_copy"] = "s3://b/p/run/step-00000002"
+    report = drill_report(FaultPlan(kind="kill", at_s=4), run, {}, None, True, 50)
+    assert report["newest_copy_before_fault"] == "s3://b/p/run/step-00000002"
+    assert report["passed"] is False and "not from the newest copy" in report["broken_rules"][0]
+
+
+def test_a_fault_plan_names_its_moment():
+    assert FaultPlan(kind="kill", at_s=25).moment == "at-25s"
+    assert FaultPlan(kind="kill", at_step=30).moment == "at-step-30"
+
+
 def test_a_rank_fault_at_a_time_needs_a_backend_that_names_a_plain_scripts_ranks():
     spec = on_backend("slurm")
     spec = spec.model_copy(update={"workload": spec.workload.model_copy(update={"mode": "plain"})})

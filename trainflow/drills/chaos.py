@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from trainflow.backends import Allocation, AttemptHandle, Launcher
 from trainflow.backends.abilities import CutsNodes, KnowsRankProcesses, PreemptsNodes, SignalsRanks
 from trainflow.checkpoint.catalog import list_committed
-from trainflow.checkpoint.storage import open_storage
+from trainflow.checkpoint.storage import Storage, open_storage
 from trainflow.drills.storage_proxy import relay_on
 from trainflow.orchestrator.status import StatusServer
 from trainflow.worker_config import fault_gate_path, gate_arrival_path, gate_signal_path
@@ -66,6 +66,11 @@ class FaultPlan(BaseModel):
         "the duration (an endpoint that stops answering) instead of being refused.",
     )
     proxy_port: int | None = Field(default=None, title="Storage proxy port", description="Set by the drill.")
+
+    @property
+    def moment(self) -> str:
+        """When the fault goes in, for names: `at-step-30` or `at-25s`."""
+        return f"at-{self.at_s:g}s" if self.at_s is not None else f"at-step-{self.at_step}"
 
     def target_rank(self, world_size: int) -> int:
         return self.rank if self.rank is not None else world_size - 1
@@ -302,8 +307,8 @@ def _inject_at_time(
             record.detail["skipped"] = f"rank {rank} was not running"
             return record
         record.target = f"rank {rank} (pid {pids[rank]})"
+        storage = open_storage(checkpoint_uri)
         if kind == FaultKind.corrupt_checkpoint:
-            storage = open_storage(checkpoint_uri)
             if not wait_while_running(
                 handle, lambda: bool(list_committed(storage, allocation.run_id)), max(0.0, deadline - time.monotonic())
             ):
@@ -312,12 +317,14 @@ def _inject_at_time(
             damaged = corrupt_latest_checkpoint(checkpoint_uri, allocation.run_id)
             record.detail["damaged"] = damaged
             record.target = f"{damaged}, then rank {rank} killed so the next attempt must restore"
+        record.detail["newest_copy"] = _newest_copy(storage, allocation.run_id, record.detail.get("damaged"))
         record.detail["at_s"] = round(time.time() - handle.started_at, 3)
         record.injected_at = time.time()
         launcher.signal_rank(allocation, pids[rank], PLAIN_SIGNALS[kind])
     elif kind == FaultKind.preempt:
         node = plan.target_node(handle.nodes)
         record.target = f"node {node}"
+        record.detail["newest_copy"] = _newest_copy(open_storage(checkpoint_uri), allocation.run_id, None)
         record.detail["at_s"] = round(time.time() - handle.started_at, 3)
         record.injected_at = time.time()
         launcher.preempt_node(handle, node)
@@ -325,6 +332,13 @@ def _inject_at_time(
         raise RuntimeError(f"{kind.value} cannot go in at a time")  # check_plan refuses it first
     record.injected = True
     return record
+
+
+def _newest_copy(storage: Storage, run_id: str, damaged: str | None) -> str | None:
+    """The newest copy committed as the fault goes in, not the one it damages: what the retry must
+    restore (retention may remove it from the store before the run ends, so it is noted now)."""
+    intact = [c for c in list_committed(storage, run_id) if not (damaged and damaged.startswith(f"{c.prefix}/"))]
+    return f"{storage.uri}/{max(intact, key=lambda c: c.step).prefix}" if intact else None
 
 
 def _slow_down(

@@ -212,7 +212,9 @@ def plain_verdict(plan: FaultPlan, report: dict, summary: dict, retry: dict | No
         and c["committed_at"] < injected_at
         and not (damaged and damaged.startswith(_prefix_of(c["uri"])))
     ]
-    report["newest_copy_before_fault"] = max(before, key=lambda c: c["step"])["uri"] if before else None
+    newest_in_index = max(before, key=lambda c: c["step"])["uri"] if before else None
+    # what the injector saw in the store as the fault went in; the run's final index may have lost it to retention
+    report["newest_copy_before_fault"] = detail.get("newest_copy", newest_in_index)
     report["damaged"] = damaged or None
     broken = []
     if not report["injected"]:
