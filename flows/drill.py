@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed, Failed, State
 
 from flows.lifecycle import faulted_lifecycle, training_lifecycle
 from tasks.verdicts import publish_drill
@@ -79,7 +80,7 @@ def run_lifecycle(spec: RunSpec, chaos: list[FaultPlan] | None = None) -> dict:
 
 
 @flow(name="fault-drill", flow_run_name="{spec.name}-{fault.kind.value}")
-def fault_drill(spec: RunSpec, fault: FaultPlan, fresh_baseline: bool = False, compare_torchrun: bool = True) -> dict:
+def fault_drill(spec: RunSpec, fault: FaultPlan, fresh_baseline: bool = False, compare_torchrun: bool = True) -> State:
     """Baseline (reused when one exists for this job and environment), the faulted run, the report."""
     logger = get_run_logger()
     check_plan(spec, fault)
@@ -93,7 +94,7 @@ def fault_drill(spec: RunSpec, fault: FaultPlan, fresh_baseline: bool = False, c
         base_summary = run_lifecycle(spec)
         if base_summary["status"] != "succeeded":
             logger.error("the fault-free baseline failed: %s", base_summary["reason"])
-            return baseline_failed_report(fault, base_summary)
+            return drill_state(baseline_failed_report(fault, base_summary))
         baseline = save_baseline(key, base_summary)
     else:
         logger.info("reusing baseline %s (params %s)", baseline["run_id"], baseline["params_sha256"][:12])
@@ -109,7 +110,23 @@ def fault_drill(spec: RunSpec, fault: FaultPlan, fresh_baseline: bool = False, c
     for rule in report["broken_rules"]:
         logger.warning("drill rule broken: %s", rule)
     publish_drill(spec.name, report, summary)  # the report as a Prefect artifact, and on the faulted MLflow run
-    return report
+    return drill_state(report)
+
+
+def drill_state(report: dict) -> State:
+    """The drill flow run's final state: Completed when the drill passed, Failed naming what broke;
+    either carries the report."""
+    fault = report["fault"]
+    if report.get("passed"):
+        detected = f"detected as {report['detected_kind']}"
+        if report.get("detection_latency_s") is not None:
+            detected += f" in {report['detection_latency_s']:g}s"
+        if report.get("recovery_s") is not None:
+            detected += f", recovered in {report['recovery_s']:g}s"
+        if report.get("params_match_baseline"):
+            detected += ", final parameters equal to the baseline's"
+        return Completed(message=f"drill {fault}: PASSED: {detected}", data=report)
+    return Failed(message=f"drill {fault}: FAILED: " + "; ".join(report.get("broken_rules") or []), data=report)
 
 
 if __name__ == "__main__":

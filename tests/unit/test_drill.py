@@ -259,3 +259,25 @@ def test_a_rank_fault_at_a_time_needs_a_backend_that_names_a_plain_scripts_ranks
     with pytest.raises(SpecError, match="^--fault kill: the slurm backend cannot name a plain script's rank"):
         check_plan(spec, FaultPlan(kind="kill", at_s=5))
     check_plan(spec, FaultPlan(kind="preempt", at_s=5))
+
+
+def test_the_drill_flow_runs_state_is_its_verdict_and_carries_the_report():
+    from flows.drill import drill_state
+
+    passed = {
+        "fault": "crash",
+        "passed": True,
+        "detected_kind": "CRASHED",
+        "detection_latency_s": 0.02,
+        "recovery_s": 1.5,
+        "params_match_baseline": True,
+    }
+    state = drill_state(passed)
+    assert state.is_completed() and state.result() is passed
+    assert state.message == (
+        "drill crash: PASSED: detected as CRASHED in 0.02s, recovered in 1.5s, final parameters equal to the baseline's"
+    )
+    failed = {"fault": "hang", "passed": False, "broken_rules": ["detected as CRASHED, expected HUNG", "x"]}
+    state = drill_state(failed)
+    assert state.is_failed() and state.result(raise_on_failure=False) is failed
+    assert state.message == "drill hang: FAILED: detected as CRASHED, expected HUNG; x"
