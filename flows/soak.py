@@ -11,6 +11,7 @@ import sys
 from contextlib import contextmanager
 
 from prefect import flow, get_run_logger
+from prefect.states import Completed, Failed, State
 
 from flows.drill import run_lifecycle, storage_proxy
 from tasks.verdicts import publish_soak
@@ -46,7 +47,7 @@ def soak(
     load: bool = False,
     load_niceness: int = 0,
     kinds: list[FaultKind] | None = None,
-) -> dict:
+) -> State:
     """Baseline (reused when one exists), the faulted run, the confusion matrix and the rest."""
     logger = get_run_logger()
     kinds, not_soaked = soak_kinds(spec, kinds)
@@ -57,7 +58,11 @@ def soak(
     if baseline is None:
         base_summary = run_lifecycle(spec)
         if base_summary["status"] != "succeeded":
-            return {"faults": faults, "passed": False, "status": "baseline-failed", "reason": base_summary["reason"]}
+            reason = f"the fault-free baseline failed: {base_summary['reason']}"
+            return Failed(
+                message=f"soak of {faults} faults: {reason}",
+                data={"faults": faults, "passed": False, "status": "baseline-failed", "reason": base_summary["reason"]},
+            )
         baseline = save_baseline(key, base_summary)
     with cpu_load(os.cpu_count() if load else None, load_niceness) as hog, storage_outages(plans) as routed:
         summary = run_lifecycle(spec, chaos=routed)
@@ -69,7 +74,8 @@ def soak(
         "soak of %d faults: %s\n%s", faults, "PASSED" if report["passed"] else "FAILED", render_confusion(report)
     )
     publish_soak(spec.name, report, summary, render_confusion(report))
-    return report
+    verdict = f"soak of {faults} faults: {'PASSED' if report['passed'] else 'FAILED'} ({report.get('reason')})"
+    return (Completed if report["passed"] else Failed)(message=verdict, data=report)
 
 
 if __name__ == "__main__":
