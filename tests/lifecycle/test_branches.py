@@ -55,6 +55,7 @@ def run_flow(prefect_harness, tmp_path, monkeypatch):
             state = training_lifecycle(spec, return_state=True)
         except KeyboardInterrupt as exc:  # a stop request goes through the flow to the caller
             return exc, launcher, client, spec
+        assert launcher.lost == []  # no scripted rank ever found the orchestrator gone
         # a Failed state returns its summary; a crashed flow run its exception
         return state.result(raise_on_failure=False), launcher, client, spec
 

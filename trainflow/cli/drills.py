@@ -152,9 +152,11 @@ def soak(
             spec, faults, seed=seed, load=load, load_niceness=load_niceness, kinds=wanted, return_state=True
         )
     report = state.result(raise_on_failure=False)
-    if not isinstance(report, dict):
+    if isinstance(report, dict):
+        typer.echo(state.message)  # the soak flow run's verdict
+    else:
         report = {"faults": faults, "passed": False, "status": "crashed", "reason": str(state.message)}
-    typer.echo(f"soak of {faults} faults: {'PASSED' if report['passed'] else 'FAILED'} ({report.get('reason')})")
+        typer.echo(f"soak of {faults} faults: FAILED (the soak crashed: {state.message})")
     if "confusion" in report:
         typer.echo(render_confusion(report))
         for fault in report["per_fault"]:

@@ -294,6 +294,7 @@ def _inject_at_time(
         record.detail["skipped"] = f"the attempt ended before {plan.at_s:g}s"
         return record
     kind = plan.kind
+    storage = open_storage(checkpoint_uri)
     if kind in PLAIN_SIGNALS:
         rank = plan.target_rank(world_size)
         pids: dict[int, int] = {}
@@ -307,7 +308,6 @@ def _inject_at_time(
             record.detail["skipped"] = f"rank {rank} was not running"
             return record
         record.target = f"rank {rank} (pid {pids[rank]})"
-        storage = open_storage(checkpoint_uri)
         if kind == FaultKind.corrupt_checkpoint:
             if not wait_while_running(
                 handle, lambda: bool(list_committed(storage, allocation.run_id)), max(0.0, deadline - time.monotonic())
@@ -324,7 +324,7 @@ def _inject_at_time(
     elif kind == FaultKind.preempt:
         node = plan.target_node(handle.nodes)
         record.target = f"node {node}"
-        record.detail["newest_copy"] = _newest_copy(open_storage(checkpoint_uri), allocation.run_id, None)
+        record.detail["newest_copy"] = _newest_copy(storage, allocation.run_id, None)
         record.detail["at_s"] = round(time.time() - handle.started_at, 3)
         record.injected_at = time.time()
         launcher.preempt_node(handle, node)
