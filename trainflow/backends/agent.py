@@ -15,7 +15,8 @@ exits.
 
 Before torchrun starts the script, the agent sets the attempt's environment and restores a plain
 script's own checkpoint folder; node 0's agent copies that folder to the checkpoint store while the
-script runs (plain_node.py)."""
+script runs (plain_node.py). Before it exits, no worker is left running under it
+(leftover_workers.py)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def main() -> None:
     from torch.distributed.run import main as torchrun
 
     from trainflow.backends import bounded_output, quick_rendezvous, rank_records, store_sockets
+    from trainflow.backends.leftover_workers import end_leftover_workers
     from trainflow.backends.plain_node import prepare_node
     from trainflow.relay.relay import start_for_node
 
@@ -52,6 +54,13 @@ def main() -> None:
         traceback.print_exc()
         code = 1
     finally:
+        killed = end_leftover_workers()
+        if killed:
+            print(
+                f"trainflow: torchrun's agent killed {len(killed)} worker process(es) that outlived it: "
+                f"{'; '.join(killed)}",
+                file=sys.stderr,
+            )
         if relay is not None:
             relay.close()
         if copies is not None:
