@@ -45,6 +45,7 @@ from trainflow.runtime.control import ControlPlane
 from trainflow.runtime.data import ResumableLoader, epochs_of
 from trainflow.runtime.ddp_buckets import BucketOrder
 from trainflow.runtime.error_report import report_uncaught_errors
+from trainflow.runtime.exit_deadline import end_within
 from trainflow.runtime.fault_gate import wait_for_fault
 from trainflow.runtime.layout import ParallelLayout
 from trainflow.runtime.leave_groups import leave_process_groups
@@ -278,6 +279,7 @@ class Run:
         self._flush_progress()
         print(f"trainflow: {message}; exiting with {code}", file=sys.stderr, flush=True)
         self.reporter.close()
+        end_within()  # nothing watches this rank any more
         raise SystemExit(code)
 
     @contextmanager

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 from trainflow.contracts.status_protocol import Error
+from trainflow.runtime.exit_deadline import end_within
 from trainflow.runtime.reporter import StatusReporter
 
 
@@ -29,6 +30,7 @@ def report_uncaught_errors(reporter: StatusReporter, flush: Callable[[], None], 
             )
         )
         reporter.close(timeout=2.0)
+        end_within()  # nothing watches this rank any more
         previous(kind, value, tb)
 
     sys.excepthook = report
