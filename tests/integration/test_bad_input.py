@@ -175,3 +175,21 @@ def test_an_unreachable_prefect_server_is_bad_input_and_nothing_is_created(tmp_p
     assert "Connection refused" in answer["error"]
     assert not home.exists(), sorted(str(p) for p in home.rglob("*"))  # no checkpoints/, no mlflow.db
     assert _processes_of(str(home)) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["run", SPEC, "--bogus"], "No such option: --bogus; see 'trainflow run --help'"),
+        (["run"], "Missing argument 'SPEC'; see 'trainflow run --help'"),
+        (["drill", SPEC, "--at-step", "x"], "Invalid value for '--at-step'"),
+    ],
+)
+def test_options_a_command_does_not_take_are_one_line_and_a_json_line_with_json(tmp_path, args, expected):
+    home = tmp_path / "home"
+    env = {**os.environ, "TRAINFLOW_HOME": str(home), "PREFECT_HOME": str(tmp_path / "prefect")}
+
+    answer = _refused(run_cli([*args, "--json"], env, timeout_s=120), expected)
+
+    assert answer["status"] == "invalid"
+    assert not home.exists()

@@ -12,7 +12,7 @@ import sys
 import typer
 
 from trainflow.cli import automation, bench, drills, render, run, usage
-from trainflow.cli.output import EXIT_BAD_INPUT, EXIT_FAILED
+from trainflow.cli.output import EXIT_BAD_INPUT, EXIT_FAILED, show_usage_error
 from trainflow.cli.quota import quota_app
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "app", "main"]
@@ -36,7 +36,10 @@ usage.register(app)  # trainflow usage, trainflow audit
 
 def main() -> None:
     try:
-        app()
-    except KeyboardInterrupt:
+        code = app(standalone_mode=False)
+    except typer.TyperException as error:  # bad arguments or options: no command ran
+        show_usage_error(error, as_json="--json" in sys.argv[1:])
+    except (KeyboardInterrupt, typer.Abort):
         typer.echo("trainflow: interrupted", err=True)
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 from contextlib import contextmanager
+from typing import NoReturn
 
 import typer
 
@@ -22,6 +23,22 @@ def fail_input(message: str, as_json: bool = False) -> None:
     if as_json:
         typer.echo(json.dumps({"status": "invalid", "error": message}))
     raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def show_usage_error(error: typer.TyperException, as_json: bool) -> NoReturn:
+    """Arguments or options a command does not take: one line naming them and where the command's help
+    is, the exit code typer gives (2); with `--json`, the same JSON line as `fail_input`. A command
+    group called with nothing shows its help, as typer does."""
+    ctx = getattr(error, "ctx", None)
+    if type(error).__name__ == "NoArgsIsHelpError":  # typer's class for it is private
+        error.show()  # type: ignore[attr-defined]
+        sys.exit(error.exit_code)
+    message = error.format_message().rstrip(".")
+    where = f"; see '{ctx.command_path} --help'" if ctx is not None else ""
+    typer.echo(f"trainflow: {message}{where}", err=True)
+    if as_json:
+        typer.echo(json.dumps({"status": "invalid", "error": f"{message}{where}"}))
+    sys.exit(error.exit_code)
 
 
 @contextmanager
