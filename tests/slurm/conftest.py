@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from trainflow.backends.slurm.local_cluster import LocalCluster
+from trainflow.backends.stacks import py_spy_dump
 from trainflow.worker_config import JOB_ENV
 
 NODES = 3
@@ -82,7 +83,8 @@ def slurm_env(slurm_cluster, cli_env):
     while slurm_job_processes() and time.monotonic() < deadline:
         time.sleep(0.5)
     left = slurm_job_processes()
-    assert left == [], f"job processes left on the nodes: {[who(p) for p in left]}"
+    stacks = "\n".join(f"{who(p)}:\n{py_spy_dump(p.pid)}" for p in left)
+    assert left == [], f"job processes left on the nodes:\n{stacks}"
 
 
 def who(proc: psutil.Process) -> str:
