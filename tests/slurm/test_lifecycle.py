@@ -4,10 +4,13 @@ nodes (checked after every test by the slurm_env fixture)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from datetime import datetime
+from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 from tests.integration.conftest import run_cli, summary_of
 
@@ -73,7 +76,7 @@ def test_process_faults_and_preemption_are_recovered_with_exact_resume(
     slurm_env, slurm_cluster, drill_home, fault, detected
 ):
     report = drill(slurm_env, drill_home, fault)
-    assert report["outcomes"] == [detected, "SUCCEEDED"], report
+    assert report["outcomes"] == [detected, "SUCCEEDED"], (report["reasons"], report["log"])
     assert report["params_match_baseline"] is True, report
     assert report["resources_released"] is True, report["leftovers"]
     assert report["passed"] is True, report["broken_rules"]
@@ -85,7 +88,7 @@ def test_process_faults_and_preemption_are_recovered_with_exact_resume(
 
 def test_lost_node_is_detected_excluded_and_the_job_resumes_exactly_elsewhere(slurm_env, slurm_cluster, drill_home):
     report = drill(slurm_env, drill_home, "node-loss", "--node", "1")
-    assert report["outcomes"] == ["NODE_LOST", "SUCCEEDED"], report
+    assert report["outcomes"] == ["NODE_LOST", "SUCCEEDED"], (report["reasons"], report["log"])
     assert report["params_match_baseline"] is True
     assert report["resources_released"] is True, report["leftovers"]
     assert report["passed"] is True, report["broken_rules"]
@@ -157,3 +160,49 @@ def test_time_limit_warning_preempts_with_an_emergency_checkpoint_and_the_run_re
     assert jobs[0]["JobState"] != "TIMEOUT" and jobs[1]["JobState"] == "COMPLETED", jobs
     ran = datetime.fromisoformat(jobs[0]["EndTime"]) - datetime.fromisoformat(jobs[0]["StartTime"])
     assert ran.total_seconds() < 120, jobs
+
+
+def test_a_script_printing_a_lot_keeps_each_node_log_within_its_bound_on_slurm(slurm_env, tmp_path):
+    bound_mb, mib = 1, 2**20
+    result = run_cli(
+        [
+            "run",
+            SPEC,
+            *ON_SLURM,
+            "--set",
+            "workload.entrypoint=tests/integration/workloads/loud_output.py",
+            "--set",
+            "workload.mode=plain",
+            "--set",
+            "workload.args=[--steps, '20', --mib, '1']",
+            "--set",
+            f"tracking.max_node_log_mb={bound_mb}",
+            "--set",
+            "fault_tolerance.max_restarts=0",
+            "--json",
+        ],
+        slurm_env,
+        timeout_s=400,
+    )
+    assert result.returncode == 1, result.stderr[-4000:]
+    summary = summary_of(result)
+    client = MlflowClient(summary["tracking_uri"])
+    attempt = client.search_runs(
+        [client.get_run(summary["mlflow_run_id"]).info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'",
+    )[0]
+    logs = Path(client.download_artifacts(attempt.info.run_id, "logs", str(tmp_path)))
+
+    # each of the 2 nodes was written up to 2 x 20 MiB; each log keeps its bound and says what it dropped
+    texts = []
+    for node in (0, 1):
+        log = logs / f"node-{node}.log"
+        assert log.stat().st_size <= bound_mb * mib + 4096, log.stat().st_size
+        texts.append(log.read_text(errors="replace"))
+        assert "bytes of this node's output dropped here" in texts[-1]
+    # the end is kept: the rank that failed first says why (the other node's step was cancelled then)
+    assert any("ran out of data after 20 steps" in text for text in texts)
+    # the rank is named from its agent's account (a message given to sys.exit is no exception to quote)
+    assert re.search(r"rank [01] on node [01] exited with code 1", summary["reason"]), summary["reason"]
+    tails = sorted(p.name for p in (logs / "stderr").rglob("local-rank-*"))
+    assert tails == ["local-rank-0", "local-rank-0"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import struct
 import termios
 import threading
@@ -213,7 +214,7 @@ def install_from_environment() -> None:
     global _installed
     limit = os.environ.pop(LOG_LIMIT_ENV, None)
     folder = os.environ.pop(RANK_STDERR_ENV, None)
-    if not limit:
+    if not limit or not stat.S_ISREG(os.fstat(1).st_mode):  # a pipe or terminal: whoever reads it bounds it
         return
     from torch.distributed.elastic.multiprocessing import api
 

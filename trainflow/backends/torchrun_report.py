@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -105,3 +106,16 @@ def error_file_line(log_dir: Path, local_rank: int) -> str:
         return ""
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
     return lines[0][:500] if lines else ""  # torch writes "<type>: <message>"
+
+
+def failed_ranks_with_evidence(node_log: Path, log_dir: Path) -> tuple[RankExit, ...]:
+    """The agent's own account of each failed rank (its node log), with that rank's last stderr lines
+    and the line its error file holds (torchrun's `--log-dir`)."""
+    return tuple(
+        replace(
+            failed,
+            stderr_tail=tuple(stderr_tail(log_dir, failed.local_rank)),
+            error_line=error_file_line(log_dir, failed.local_rank),
+        )
+        for failed in failed_ranks(node_log)
+    )

@@ -9,13 +9,12 @@ import signal
 import subprocess
 import time
 from contextlib import nullcontext
-from dataclasses import replace
 from pathlib import Path
 
 import psutil
 
 from trainflow.backends import register
-from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, NodeExit, RankExit, ReleaseReport
+from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, NodeExit, ReleaseReport
 from trainflow.backends.job_tmp import create_job_temp_dir, job_temp_dir
 from trainflow.backends.local.agent_command import (
     LOOPBACK,
@@ -35,13 +34,7 @@ from trainflow.backends.ports import free_port, is_listening
 from trainflow.backends.processes import describe, job_processes, signal_session, terminate, wait_until_gone
 from trainflow.backends.rank_records import RECORDS_ENV, read_exits, read_ranks, records_path
 from trainflow.backends.store_sockets import LISTEN_FD_ENV, listening_socket
-from trainflow.backends.torchrun_report import (
-    error_file_line,
-    failed_ranks,
-    log_tail,
-    root_cause_exitcode,
-    stderr_tail,
-)
+from trainflow.backends.torchrun_report import failed_ranks_with_evidence, log_tail, root_cause_exitcode
 from trainflow.backends.worker import worker_config
 from trainflow.capacity import local_capacity_problem
 from trainflow.home import runs_root
@@ -187,7 +180,8 @@ class LocalLauncher:
             lost = any(c != 0 for c in ended.values()) or any(not alive(w) and ended.get(w.pid) != 0 for w in workers)
             finished = len(ended) == handle.procs_per_node and not any(ended.values())
             worker_code = root_cause_exitcode(handle.logs[node]) if code not in (None, 0) else None
-            ranks = self._failed_ranks(handle, node) if code not in (None, 0) else ()
+            log_dir = torchrun_log_dir(handle.logs[node].parent, node)
+            ranks = failed_ranks_with_evidence(handle.logs[node], log_dir) if code not in (None, 0) else ()
             tail = tuple(log_tail(handle.logs[node])) if code not in (None, 0) and not ranks else ()
             exits.append(
                 NodeExit(
@@ -201,19 +195,6 @@ class LocalLauncher:
                 )
             )
         return exits
-
-    @staticmethod
-    def _failed_ranks(handle: AttemptHandle, node: int) -> tuple[RankExit, ...]:
-        """The agent's own account of each failed rank, with that rank's last stderr lines."""
-        log_dir = torchrun_log_dir(handle.logs[node].parent, node)
-        return tuple(
-            replace(
-                failed,
-                stderr_tail=tuple(stderr_tail(log_dir, failed.local_rank)),
-                error_line=error_file_line(log_dir, failed.local_rank),
-            )
-            for failed in failed_ranks(handle.logs[node])
-        )
 
     def stop(self, handle: AttemptHandle, grace_s: float) -> int:
         """End every node's whole session: SIGTERM (torchrun forwards it) and SIGCONT (so frozen

@@ -31,9 +31,9 @@ from trainflow.backends.slurm.commands import JobState, SlurmError
 from trainflow.backends.slurm.config import slurm_config
 from trainflow.backends.slurm.job_end import SlurmNodeExit, from_job, read_exit, time_limit_warning, wait_inactive
 from trainflow.backends.slurm.links import ClusterLinks
-from trainflow.backends.slurm.node_agent import LAUNCH_FILE, exit_file
+from trainflow.backends.slurm.node_agent import LAUNCH_FILE, exit_file, torchrun_log_dir
 from trainflow.backends.slurm.on_node import node_stacks, probe_node
-from trainflow.backends.torchrun_report import root_cause_exitcode
+from trainflow.backends.torchrun_report import failed_ranks_with_evidence, log_tail, root_cause_exitcode
 from trainflow.backends.worker import worker_config
 from trainflow.contracts import Outcome
 from trainflow.spec import SpecError
@@ -150,6 +150,7 @@ class SlurmLauncher:
                     "rdzv_id": f"{allocation.run_id}-{plan.attempt}",
                     "entrypoint": spec.workload.entrypoint,
                     "args": list(spec.workload.args),
+                    "node_log_max_bytes": int(spec.tracking.max_node_log_mb * 2**20),
                 }
             )
         )
@@ -222,8 +223,22 @@ class SlurmLauncher:
                     code, outcome, reason = from_job(job)
             if code is not None and outcome is None and (warning := time_limit_warning(handle, node)):
                 outcome, reason = Outcome.PREEMPTED, warning
-            worker = root_cause_exitcode(handle.logs[node]) if code not in (None, 0) else None
-            exits.append(SlurmNodeExit(node, code, worker_returncode=worker, outcome=outcome, reason=reason))
+            failed = code not in (None, 0)
+            worker = root_cause_exitcode(handle.logs[node]) if failed else None
+            log_dir = torchrun_log_dir(handle.attempt_dir, node)
+            ranks = failed_ranks_with_evidence(handle.logs[node], log_dir) if failed else ()
+            tail = tuple(log_tail(handle.logs[node])) if failed and not ranks else ()
+            exits.append(
+                SlurmNodeExit(
+                    node,
+                    code,
+                    worker_returncode=worker,
+                    ranks=ranks,
+                    log_tail=tail,
+                    outcome=outcome,
+                    reason=reason,
+                )
+            )
         if job is None and all(e.running for e in exits) and time.time() - handle.started_at > 5:
             exits = [
                 SlurmNodeExit(

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from trainflow.backends.bounded_output import LOG_LIMIT_ENV, RANK_STDERR_ENV
 from trainflow.worker_config import CONFIG_ENV
 
 LAUNCH_FILE = "launch.json"
@@ -39,6 +40,16 @@ def read_signal(attempt_dir: Path, node: int) -> tuple[str, float] | None:
         return name, float(at)
     except (OSError, ValueError):
         return None
+
+
+def torchrun_log_dir(attempt_dir: Path, node: int) -> Path:
+    return attempt_dir / "torchrun" / f"node-{node}"
+
+
+def output_environment(launch: dict, attempt_dir: Path, node: int) -> dict[str, str]:
+    """What bounds this node's log (srun's `node-%n.log`) and keeps each rank's last stderr lines
+    (bounded_output.py)."""
+    return {LOG_LIMIT_ENV: str(launch["node_log_max_bytes"]), RANK_STDERR_ENV: str(torchrun_log_dir(attempt_dir, node))}
 
 
 def torchrun_command(launch: dict, node: int, endpoint: str, attempt_dir: Path) -> list[str]:
@@ -63,7 +74,7 @@ def torchrun_command(launch: dict, node: int, endpoint: str, attempt_dir: Path) 
         "--monitor-interval",
         "0.1",
         "--log-dir",
-        str(attempt_dir / "torchrun" / f"node-{node}"),
+        str(torchrun_log_dir(attempt_dir, node)),
         launch["entrypoint"],
         *launch["args"],
     ]
@@ -72,7 +83,11 @@ def torchrun_command(launch: dict, node: int, endpoint: str, attempt_dir: Path) 
 def main(attempt_dir: Path) -> int:
     node = int(os.environ["SLURM_NODEID"])
     launch = json.loads((attempt_dir / LAUNCH_FILE).read_text())
-    env = {**os.environ, CONFIG_ENV: str(attempt_dir / f"node-{node}.json")}
+    env = {
+        **os.environ,
+        CONFIG_ENV: str(attempt_dir / f"node-{node}.json"),
+        **output_environment(launch, attempt_dir, node),
+    }
     noted = signal_file(attempt_dir, node)
 
     def note(number: int, _frame) -> None:
