@@ -32,6 +32,7 @@ class KubernetesAttempt(AttemptHandle):
     exits: list[NodeExit] = field(default_factory=list)
     polled_at: float = float("-inf")
     api_errors: list[str] = field(default_factory=list)
+    log_max_bytes: int = 32 * 2**20  # what each pod's kept log may hold (tracking.max_node_log_mb)
 
 
 @dataclass

@@ -36,6 +36,7 @@ from trainflow.backends.kubernetes.objects import (
     WORKER_CONFIG_SECRET,
     delete_quietly,
     get_quietly,
+    kept_log,
     list_quietly,
     log_tail,
     wait_gone,
@@ -212,6 +213,7 @@ class KubernetesLauncher:
             config_secret=config_secret["metadata"]["name"],
             observer=PodObserver(nodes, container, spec.resources.memory, self.pull_patience_s),
             exits=[PodExit(node, None) for node in range(nodes)],
+            log_max_bytes=int(spec.tracking.max_node_log_mb * 2**20),
         )
         handle.slots = list(range(nodes))
         return handle
@@ -279,7 +281,8 @@ class KubernetesLauncher:
         for pod in pods:
             node = node_index(pod)
             if node in handle.logs:
-                handle.logs[node].write_text(log_tail(self.cluster, handle.namespace, pod, container, LOG_TAIL_LINES))
+                tail = log_tail(self.cluster, handle.namespace, pod, container, LOG_TAIL_LINES)
+                handle.logs[node].write_text(kept_log(tail, LOG_TAIL_LINES, handle.log_max_bytes))
         api_version, kind, name = handle.workload
         delete_quietly(self.cluster, (api_version, kind), handle.namespace, name)
         grace = max(0, math.ceil(grace_s))

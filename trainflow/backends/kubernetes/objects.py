@@ -73,6 +73,24 @@ def wait_gone(
         sleep(1.0)
 
 
+def kept_log(tail: str, tail_lines: int, max_bytes: int) -> str:
+    """A pod's log as the attempt keeps it: the last `tail_lines` lines the API gave (`tail`), at most
+    `max_bytes` of them from a line's start, behind a line saying so when the pod's log may hold more."""
+    data = tail.encode(errors="replace")
+    if len(data) <= max_bytes and tail.count("\n") < tail_lines:
+        return tail  # the whole log
+    if len(data) > max_bytes:
+        data = data[-max_bytes:]
+        newline = data.find(b"\n")
+        if 0 <= newline < len(data) - 1:
+            data = data[newline + 1 :]
+    note = (
+        f"[trainflow: the pod's earlier output is not kept here; this log keeps its last {tail_lines} lines, "
+        f"{max_bytes} bytes at most (tracking.max_node_log_mb)]\n"
+    )
+    return note + data.decode(errors="replace")
+
+
 def log_tail(cluster: Cluster, namespace: str, pod: dict, container: str, lines: int) -> str:
     try:
         return cluster.pod_log(namespace, pod["metadata"]["name"], container, lines)
