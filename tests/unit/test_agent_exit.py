@@ -19,32 +19,9 @@ def test_an_agent_stopped_by_sigterm_exits_143_and_ends_its_worker(tmp_path):
     pid_file = tmp_path / "worker.pid"
     script = tmp_path / "sleepy.py"
     script.write_text(f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n")
-    agent = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "trainflow.backends.agent",
-            "--standalone",
-            "--nproc-per-node",
-            "1",
-            "--monitor-interval",
-            "0.1",
-            "--log-dir",
-            str(tmp_path / "logs"),
-            str(script),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    agent = _start_agent(tmp_path, script)
     try:
-        deadline = time.monotonic() + 120
-        while not pid_file.exists() or not pid_file.read_text():
-            assert agent.poll() is None and time.monotonic() < deadline, agent.communicate()[1][-3000:]
-            time.sleep(0.1)
-        worker = int(pid_file.read_text())
+        worker = _wait_for_pid(agent, pid_file)
         agent.send_signal(signal.SIGTERM)
         _, stderr = agent.communicate(timeout=120)
         assert agent.returncode == 128 + signal.SIGTERM, stderr[-3000:]
