@@ -26,6 +26,15 @@ def finished_runs(tmp_path_factory, prefect_api, s3_endpoint):
     return make_finished_runs(tmp_path_factory.mktemp("finished-runs"), prefect_api, s3_endpoint)
 
 
+def attempt_runs(client, summary: dict) -> list:
+    """The MLflow runs of a run's attempts (nested under its lifecycle run), attempt 1 first."""
+    runs = client.search_runs(
+        [client.get_run(summary["mlflow_run_id"]).info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'",
+    )
+    return sorted(runs, key=lambda run: int(run.data.tags["attempt"]))
+
+
 def unique_prefix() -> str:
     return f"s3://{BUCKET}/t-{uuid.uuid4().hex[:8]}"
 

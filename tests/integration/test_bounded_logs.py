@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.integration.conftest import run_cli, summary_of
+from tests.integration.conftest import attempt_runs, run_cli, summary_of
 
 pytestmark = pytest.mark.integration
 
@@ -78,10 +78,7 @@ def test_a_script_printing_120_mib_per_rank_stays_within_the_node_log_bound(cli_
     assert "ran out of data after 60 steps" in summary["reason"], summary["reason"]  # the failing rank's stderr tail
 
     client = MlflowClient(summary["tracking_uri"])
-    child = client.search_runs(
-        [client.get_run(summary["mlflow_run_id"]).info.experiment_id],
-        filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'",
-    )[0]
+    child = attempt_runs(client, summary)[0]
     downloaded = Path(client.download_artifacts(child.info.run_id, "logs", str(tmp_path)))
     kept = sorted(downloaded.rglob("*"))
     assert folder_size(downloaded) <= 2 * BOUND_MB * MiB + MiB, [

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.integration.conftest import job_processes, run_cli, summary_of, unique_prefix
+from tests.integration.conftest import attempt_runs, job_processes, run_cli, summary_of, unique_prefix
 
 pytestmark = pytest.mark.integration
 
@@ -34,10 +34,7 @@ def test_a_script_error_at_start_up_is_a_user_error_that_quotes_the_script(cli_e
     assert ARG_ERROR in result.stderr  # the Prefect log (the watch task's warning)
     client = MlflowClient(summary["tracking_uri"])
     assert ARG_ERROR in client.get_run(summary["mlflow_run_id"]).data.tags["reason"]
-    child = client.search_runs(
-        [client.get_run(summary["mlflow_run_id"]).info.experiment_id],
-        filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'",
-    )[0]
+    child = attempt_runs(client, summary)[0]
     assert ARG_ERROR in child.data.tags["reason"]
     stderr_logs = [a.path for a in client.list_artifacts(child.info.run_id, "logs/stderr/node-0")]
     assert stderr_logs, "each rank's stderr is kept in the attempt's MLflow run"
@@ -125,10 +122,7 @@ def test_a_rank_that_does_not_exit_after_its_peers_finished_is_a_hang_of_its_nod
     assert [a["outcome"] for a in summary["attempts"]] == ["HUNG"], summary["reason"]
     assert "node 0 still running" in summary["reason"] and "after node 1 finished" in summary["reason"]
     client = MlflowClient(summary["tracking_uri"])
-    [child] = client.search_runs(
-        [client.get_run(summary["mlflow_run_id"]).info.experiment_id],
-        filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'",
-    )
+    [child] = attempt_runs(client, summary)
     stacks = [a.path for a in client.list_artifacts(child.info.run_id, "stacks")]
     assert stacks == ["stacks/rank-0.txt"]  # the rank still running, not its finished peer
     stack = Path(client.download_artifacts(child.info.run_id, stacks[0], str(tmp_path))).read_text()

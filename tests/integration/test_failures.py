@@ -8,6 +8,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.integration.conftest import (
     BUCKET,
+    attempt_runs,
     job_processes,
     run_cli,
     summary_of,
@@ -85,10 +86,7 @@ def test_crash_is_retried_from_the_last_committed_checkpoint(cli_env):
     experiment = client.get_experiment(client.get_run(summary["mlflow_run_id"]).info.experiment_id)
     # a training experiment: MLflow 3's UI opens it on its runs
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
-    children = client.search_runs(
-        [experiment.experiment_id],
-        filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'",
-    )
+    children = attempt_runs(client, summary)
     assert sorted(c.data.tags["outcome"] for c in children) == ["CRASHED", "CRASHED"]
     first = next(c for c in children if c.data.tags["attempt"] == "1")
     assert first.data.params["resumed_from_step"] == "0"

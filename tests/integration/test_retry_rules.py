@@ -8,7 +8,7 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.integration.conftest import job_processes, run_cli, summary_of
+from tests.integration.conftest import attempt_runs, job_processes, run_cli, summary_of
 
 pytestmark = pytest.mark.integration
 
@@ -18,12 +18,7 @@ JOB = ["--set", "workload.steps=20", "--set", "checkpoint.every_steps=5", "--set
 
 def attempt_reasons(summary: dict) -> list[str]:
     client = MlflowClient(summary["tracking_uri"])
-    children = client.search_runs(
-        [client.get_run(summary["mlflow_run_id"]).info.experiment_id],
-        filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'",
-        order_by=["tags.attempt ASC"],
-    )
-    return [run.data.tags["reason"] for run in children]
+    return [run.data.tags["reason"] for run in attempt_runs(client, summary)]
 
 
 def test_a_rule_by_exit_code_stops_a_run_the_restart_budget_would_retry(cli_env):

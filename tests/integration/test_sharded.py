@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.integration.conftest import run_cli, s3_environment, summary_of
+from tests.integration.conftest import attempt_runs, run_cli, s3_environment, summary_of
 
 pytestmark = pytest.mark.integration
 
@@ -84,13 +84,7 @@ def test_permanent_node_loss_reshards_fsdp_tp_to_fewer_ranks(home_env):
     assert report["outcomes"] == ["NODE_LOST", "SUCCEEDED"], report
     assert report["status"] == "succeeded" and report["final_step"] == STEPS
     client = mlflow_of(home_env)
-    attempts = {
-        int(r.data.params["attempt"]): r.data.params
-        for r in client.search_runs(
-            [client.get_run(report["mlflow_run_id"]).info.experiment_id],
-            f"tags.mlflow.parentRunId = '{report['mlflow_run_id']}'",
-        )
-    }
+    attempts = {int(r.data.params["attempt"]): r.data.params for r in attempt_runs(client, report)}
     assert (attempts[1]["world_size"], attempts[1]["dp_degree"], attempts[1]["tp_degree"]) == ("4", "2", "2")
     assert (attempts[2]["world_size"], attempts[2]["dp_degree"], attempts[2]["tp_degree"]) == ("2", "1", "2")
     # the first step on two ranks computes the same global batch from the same restored state

@@ -21,6 +21,7 @@ from mlflow.tracking import MlflowClient
 from tests.integration.conftest import (
     BIN,
     BUCKET,
+    attempt_runs,
     job_processes,
     run_cli,
     s3_environment,
@@ -180,11 +181,7 @@ def running(pid: int) -> bool:
 
 def first_attempt_evidence(summary: dict, folder: Path) -> dict:
     client = MlflowClient(summary["tracking_uri"])
-    parent = client.get_run(summary["mlflow_run_id"])
-    children = client.search_runs(
-        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'"
-    )
-    first = next(c for c in children if c.data.tags["attempt"] == "1")
+    first = attempt_runs(client, summary)[0]
     return json.loads(Path(client.download_artifacts(first.info.run_id, "evidence.json", str(folder))).read_text())
 
 

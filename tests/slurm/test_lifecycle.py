@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.integration.conftest import run_cli, summary_of
+from tests.integration.conftest import attempt_runs, run_cli, summary_of
 
 # a drill is two runs (its fault-free baseline the first time) and a run starts a Slurm job per attempt
 pytestmark = [pytest.mark.integration, pytest.mark.slurm, pytest.mark.timeout(600)]
@@ -187,10 +187,7 @@ def test_a_script_printing_a_lot_keeps_each_node_log_within_its_bound_on_slurm(s
     assert result.returncode == 1, result.stderr[-4000:]
     summary = summary_of(result)
     client = MlflowClient(summary["tracking_uri"])
-    attempt = client.search_runs(
-        [client.get_run(summary["mlflow_run_id"]).info.experiment_id],
-        filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'",
-    )[0]
+    attempt = attempt_runs(client, summary)[0]
     logs = Path(client.download_artifacts(attempt.info.run_id, "logs", str(tmp_path)))
 
     # each of the 2 nodes was written up to 2 x 20 MiB; each log keeps its bound and says what it dropped
