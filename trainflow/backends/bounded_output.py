@@ -33,6 +33,11 @@ READ_BYTES = 1 << 16
 DRAIN_S = 5.0
 
 
+def torchrun_log_dir(attempt_dir: Path, node: int) -> Path:
+    """Where a node's agent keeps its ranks' stderr tails and torchrun's error files (`--log-dir`)."""
+    return attempt_dir / "torchrun" / f"node-{node}"
+
+
 def rank_stderr_path(folder: Path, local_rank: int) -> Path:
     return folder / f"rank-{local_rank}.stderr"
 

@@ -7,18 +7,13 @@ import sys
 from pathlib import Path
 
 from trainflow.backends.base import AttemptPlan
-from trainflow.backends.bounded_output import LOG_LIMIT_ENV, RANK_STDERR_ENV
+from trainflow.backends.bounded_output import LOG_LIMIT_ENV, RANK_STDERR_ENV, torchrun_log_dir
 from trainflow.backends.local.allocation import LocalAllocation
 from trainflow.backends.quick_rendezvous import POLL_ENV, poll_interval_s
 from trainflow.backends.worker import secret_environment
 from trainflow.worker_config import CONFIG_ENV, JOB_ENV
 
 LOOPBACK = "127.0.0.1"
-
-
-def torchrun_log_dir(attempt_dir: Path, node: int) -> Path:
-    """Where a node's agent keeps its ranks' stderr files and error files."""
-    return attempt_dir / "torchrun" / f"node-{node}"
 
 
 def agent_command(

@@ -15,6 +15,7 @@ import psutil
 
 from trainflow.backends import register
 from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, NodeExit, ReleaseReport
+from trainflow.backends.bounded_output import torchrun_log_dir
 from trainflow.backends.job_tmp import create_job_temp_dir, job_temp_dir
 from trainflow.backends.local.agent_command import (
     LOOPBACK,
@@ -22,7 +23,6 @@ from trainflow.backends.local.agent_command import (
     agent_environment,
     output_environment,
     torchrun_arguments,
-    torchrun_log_dir,
 )
 from trainflow.backends.local.allocation import LocalAllocation
 from trainflow.backends.local.config import LocalNetwork, local_config

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from trainflow.backends import register
 from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, NodeExit, ReleaseReport
+from trainflow.backends.bounded_output import torchrun_log_dir
 from trainflow.backends.netns import cut_node_link
 from trainflow.backends.processes import describe, job_processes
 from trainflow.backends.quick_rendezvous import POLL_ENV, poll_interval_s
@@ -31,7 +32,7 @@ from trainflow.backends.slurm.commands import JobState, SlurmError
 from trainflow.backends.slurm.config import slurm_config
 from trainflow.backends.slurm.job_end import SlurmNodeExit, from_job, read_exit, time_limit_warning, wait_inactive
 from trainflow.backends.slurm.links import ClusterLinks
-from trainflow.backends.slurm.node_agent import LAUNCH_FILE, exit_file, torchrun_log_dir
+from trainflow.backends.slurm.node_agent import LAUNCH_FILE, exit_file
 from trainflow.backends.slurm.on_node import node_stacks, probe_node
 from trainflow.backends.torchrun_report import failed_ranks_with_evidence, log_tail, root_cause_exitcode
 from trainflow.backends.worker import worker_config

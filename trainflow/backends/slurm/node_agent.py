@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainflow.backends.bounded_output import LOG_LIMIT_ENV, RANK_STDERR_ENV
+from trainflow.backends.bounded_output import LOG_LIMIT_ENV, RANK_STDERR_ENV, torchrun_log_dir
 from trainflow.worker_config import CONFIG_ENV
 
 LAUNCH_FILE = "launch.json"
@@ -40,10 +40,6 @@ def read_signal(attempt_dir: Path, node: int) -> tuple[str, float] | None:
         return name, float(at)
     except (OSError, ValueError):
         return None
-
-
-def torchrun_log_dir(attempt_dir: Path, node: int) -> Path:
-    return attempt_dir / "torchrun" / f"node-{node}"
 
 
 def output_environment(launch: dict, attempt_dir: Path, node: int) -> dict[str, str]:
