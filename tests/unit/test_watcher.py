@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from trainflow.backends.base import AttemptHandle, NodeExit
+from trainflow.backends.base import AttemptHandle, NodeExit, RankExit
 from trainflow.contracts.status_protocol import Checkpoint, Finished, Progress, StepEntry, Storage
 from trainflow.orchestrator.failures import Outcome
 from trainflow.orchestrator.status import StatusServer
@@ -451,3 +451,29 @@ def test_a_dead_worker_is_still_a_crash(channel):
     launcher = ScriptedExits([gone] * 5 + [[NodeExit(0, None), NodeExit(1, 1, worker_returncode=-11)]])
     result = plain_watcher(channel, launcher, exit_timeout_s=60).run(poll_s=0.01)
     assert result.outcome == Outcome.CRASHED, result.reason
+
+
+STORE_GONE = (
+    "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: "
+    "The connection to the C10d store has failed. See inner exception for details.",
+)
+
+
+def test_a_node_that_lost_the_rendezvous_store_waits_for_the_node_that_hosted_it(channel):
+    # rank 0 crashes; node 1's agent, whose store lived in node 0's agent, fails first, without a rank
+    lost = [NodeExit(0, None), NodeExit(1, 1, log_tail=STORE_GONE)]
+    crashed = RankExit(0, 0, 1, observed_at=time.time() + 5, root_cause=True, stderr_tail=("ValueError: boom",))
+    both = [NodeExit(0, 1, ranks=(crashed,)), NodeExit(1, 1, log_tail=STORE_GONE)]
+    launcher = ScriptedExits([lost] * 30 + [both])
+    result = plain_watcher(channel, launcher, exit_timeout_s=60, plain_startup_window_s=0).run(poll_s=0.01)
+    assert launcher.polls > 30
+    assert result.outcome == Outcome.CRASHED, result.reason
+    assert "rank 0 on node 0 exited with code 1" in result.reason and "ValueError: boom" in result.reason
+
+
+def test_a_node_that_lost_the_store_while_its_host_runs_on_is_judged_by_its_own_log(channel, monkeypatch):
+    monkeypatch.setattr("trainflow.orchestrator.watcher.AGENT_EXIT_WAIT_S", 0.3)
+    launcher = ScriptedExits([[NodeExit(0, None), NodeExit(1, 1, log_tail=STORE_GONE)]])
+    result = plain_watcher(channel, launcher, exit_timeout_s=60).run(poll_s=0.01)
+    assert result.outcome == Outcome.INFRA, result.reason
+    assert "rendezvous failed" in result.reason and "node 1" in result.reason

@@ -26,6 +26,14 @@ PEER_FAILURE_SIGNS = (
 )
 
 
+# what a node's agent says when the rendezvous store it talks to, which a peer's agent hosts, is gone
+STORE_LOST_SIGNS = (
+    "RendezvousConnectionError",
+    "The connection to the C10d store has failed",
+    "RendezvousClosedError",
+)
+
+
 def signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
@@ -37,6 +45,16 @@ def is_peer_failure(error: dict) -> bool:
     """An error a rank raised only because another rank went away: a symptom, not the cause."""
     message = str(error.get("message", ""))
     return any(sign in message for sign in PEER_FAILURE_SIGNS)
+
+
+def lost_the_store(node_exit: NodeExit) -> bool:
+    """The node's agent failed, no rank of it with it, because it could not reach the rendezvous
+    store: what a node sees seconds after the node hosting the store went away."""
+    return (
+        node_exit.failing
+        and not node_exit.ranks
+        and any(sign in line for line in node_exit.log_tail for sign in STORE_LOST_SIGNS)
+    )
 
 
 @dataclass(frozen=True)

@@ -33,11 +33,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trainflow.backends import AttemptHandle, Launcher
+from trainflow.backends import AttemptHandle, Launcher, NodeExit
 from trainflow.backends.abilities import DescribesNodes, DumpsStacks, KnowsRankProcesses, ProbesNodes
 from trainflow.contracts.status_protocol import Checkpoint, Storage
 from trainflow.orchestrator.attempt_metrics import AttemptMetrics
-from trainflow.orchestrator.failures import AttemptResult, Outcome, PlainWindow, classify_exit, rank_failures
+from trainflow.orchestrator.failures import (
+    AttemptResult,
+    Outcome,
+    PlainWindow,
+    classify_exit,
+    lost_the_store,
+    rank_failures,
+)
 from trainflow.orchestrator.rules import RULE_EVIDENCE, match_rules, ruled_outcome
 from trainflow.orchestrator.status import AttemptStatus, AttemptSummary, RankReport, StatusServer
 from trainflow.orchestrator.step_metrics import MetricRows
@@ -228,6 +235,12 @@ class AttemptWatcher:
         deadline = time.monotonic() + AGENT_EXIT_WAIT_S
         # a worker is gone but its agent still runs: its exit code and failure report are still to come
         while any(e.workers_lost for e in exits) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            exits = self.launcher.poll(self.handle)
+        # a node that only lost the rendezvous store fails within seconds of the node hosting it,
+        # which is still on its way out with the evidence of what went wrong: that node decides
+        deadline = time.monotonic() + AGENT_EXIT_WAIT_S
+        while _only_lost_the_store(exits) and any(e.running for e in exits) and time.monotonic() < deadline:
             time.sleep(0.05)
             exits = self.launcher.poll(self.handle)
         if not any(e.failing for e in exits) and any(e.running for e in exits):
@@ -425,3 +438,8 @@ def _last_heartbeats(status: AttemptStatus, now: float, most: int = 64) -> dict[
     """Seconds since each rank's last heartbeat, the oldest first (at most `most` of them)."""
     oldest = sorted(status.ranks.values(), key=lambda r: r.last_seen)[:most]
     return {r.rank: round(now - r.last_seen, 2) for r in oldest}
+
+
+def _only_lost_the_store(exits: list[NodeExit]) -> bool:
+    failing = [e for e in exits if e.failing]
+    return bool(failing) and all(lost_the_store(e) for e in failing)
