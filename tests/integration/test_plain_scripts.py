@@ -125,6 +125,7 @@ def test_a_plain_script_resumes_from_its_own_checkpoint_copied_to_the_store(
         ("kill", "KILLED"),
         ("corrupt-checkpoint", "KILLED"),
         ("preempt", "PREEMPTED"),
+        ("node-loss", "NODE_LOST"),  # seen by its relay's silence: the script itself reports nothing
     ],
 )
 def test_a_drill_at_a_time_on_a_plain_script_passes(cli_env, tmp_path, fault, detected):

@@ -187,7 +187,6 @@ def plain_spec(**plain) -> RunSpec:
         (FaultPlan(kind="crash", at_step=30), "--at-s: a plain script reports no steps"),
         (FaultPlan(kind="hang", at_s=5), "--fault hang: a plain script reports no progress"),
         (FaultPlan(kind="straggler", at_s=5), "--fault straggler: a plain script reports no step times"),
-        (FaultPlan(kind="node-loss", at_s=5), "--fault node-loss: a plain script sends no heartbeats"),
         (FaultPlan(kind="storage-outage", at_s=5), "--fault storage-outage: a plain script's ranks never use"),
         (
             FaultPlan(kind="corrupt-checkpoint", at_s=5),
@@ -202,7 +201,7 @@ def test_a_fault_that_cannot_go_into_a_plain_script_is_refused(plan, refusal):
 
 
 def test_plain_faults_at_a_time_are_accepted_and_a_time_is_refused_for_a_runtime_script():
-    for kind in ("crash", "kill", "preempt"):
+    for kind in ("crash", "kill", "preempt", "node-loss"):
         check_plan(plain_spec(), FaultPlan(kind=kind, at_s=5))
     check_plan(plain_spec(checkpoint_dir="out"), FaultPlan(kind="corrupt-checkpoint", at_s=5))
     with pytest.raises(SpecError, match="^--at-s: only for plain scripts"):

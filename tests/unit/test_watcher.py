@@ -3,16 +3,27 @@ progress), lost nodes (silence), frozen workers, stragglers, and exits."""
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
 
 from trainflow.backends.base import AttemptHandle, NodeExit, RankExit
-from trainflow.contracts.status_protocol import Checkpoint, Finished, Progress, StepEntry, Storage
+from trainflow.contracts.status_protocol import (
+    PROTOCOL_VERSION,
+    Checkpoint,
+    Finished,
+    NodeHello,
+    Progress,
+    StepEntry,
+    Storage,
+    encode,
+)
 from trainflow.orchestrator.failures import Outcome
 from trainflow.orchestrator.status import StatusServer
 from trainflow.orchestrator.stragglers import Straggler
 from trainflow.orchestrator.watcher import AttemptWatcher, WatchLimits
+from trainflow.relay.relay import NodeRelay
 from trainflow.runtime.reporter import StatusReporter
 
 
@@ -477,3 +488,40 @@ def test_a_node_that_lost_the_store_while_its_host_runs_on_is_judged_by_its_own_
     result = plain_watcher(channel, launcher, exit_timeout_s=60).run(poll_s=0.01)
     assert result.outcome == Outcome.INFRA, result.reason
     assert "rendezvous failed" in result.reason and "node 1" in result.reason
+
+
+def test_a_plain_scripts_node_whose_relay_falls_silent_is_lost(channel, tmp_path):
+    # node 0's relay heartbeats on; node 1's stream stays open but says nothing after its hello, as
+    # a node cut off the network does
+    live = NodeRelay(channel.address, channel.token, node=0, attempt=1, heartbeat_interval_s=0.1, scratch=str(tmp_path))
+    host, port = channel.address.rsplit(":", 1)
+    cut = socket.create_connection((host, int(port)))
+    try:
+        hello = NodeHello(token=channel.token, node=1, attempt=1, version=PROTOCOL_VERSION)
+        cut.sendall(encode(hello))
+        started = time.monotonic()
+        running, ended = [NodeExit(0, None), NodeExit(1, None)], [NodeExit(0, 0), NodeExit(1, 0)]
+        launcher = ScriptedExits([running] * 500 + [ended])  # ends by itself after 10 s of polls at most
+        result = plain_watcher(channel, launcher).run(poll_s=0.02)
+        assert result.outcome == Outcome.NODE_LOST, result.reason
+        assert result.evidence["node"] == 1 and result.evidence["node_state"] == "running", result.evidence
+        assert "node 1 silent for" in result.reason
+        assert time.monotonic() - started >= 1.0  # the heartbeat timeout, never before
+    finally:
+        cut.close()
+        live.close(timeout=2)
+
+
+def test_a_plain_scripts_node_whose_relay_closed_its_stream_is_judged_by_its_exit(channel, tmp_path):
+    (tmp_path / "1").mkdir()
+    live = NodeRelay(channel.address, channel.token, node=0, attempt=1, heartbeat_interval_s=0.1, scratch=str(tmp_path))
+    gone = NodeRelay(
+        channel.address, channel.token, node=1, attempt=1, heartbeat_interval_s=0.1, scratch=str(tmp_path / "1")
+    )
+    try:
+        gone.close(timeout=2)  # its agent is on its way out: the exit, not the silence, decides
+        launcher = ScriptedExits([[NodeExit(0, None), NodeExit(1, None)]] * 150 + [[NodeExit(0, 0), NodeExit(1, 0)]])
+        result = plain_watcher(channel, launcher).run(poll_s=0.02)
+        assert result.outcome == Outcome.SUCCEEDED, result.reason
+    finally:
+        live.close(timeout=2)

@@ -328,6 +328,13 @@ def _inject_at_time(
         record.detail["at_s"] = round(time.time() - handle.started_at, 3)
         record.injected_at = time.time()
         launcher.preempt_node(handle, node)
+    elif kind == FaultKind.node_loss:
+        # the node's relay falls silent with it: a plain script's node is lost by its heartbeats too
+        node = plan.target_node(handle.nodes)
+        record.detail["newest_copy"] = _newest_copy(storage, allocation.run_id, None)
+        record.detail["at_s"] = round(time.time() - handle.started_at, 3)
+        record.injected_at = time.time()
+        record.target = f"node {node} ({launcher.cut_node(allocation, handle.slots[node], plan.permanent)})"
     else:
         raise RuntimeError(f"{kind.value} cannot go in at a time")  # check_plan refuses it first
     record.injected = True

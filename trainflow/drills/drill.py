@@ -13,7 +13,7 @@ from pathlib import Path
 from trainflow.backends import launcher_for
 from trainflow.backends.abilities import KnowsRankProcesses
 from trainflow.checkpoint.catalog import step_of
-from trainflow.drills.chaos import FaultKind, FaultPlan, backend_inability
+from trainflow.drills.chaos import PLAIN_SIGNALS, FaultKind, FaultPlan, backend_inability
 from trainflow.home import trainflow_home
 from trainflow.spec import RunSpec, SpecError, WorkloadMode
 
@@ -29,8 +29,6 @@ def drill_spec(spec: RunSpec, plan: FaultPlan) -> RunSpec:
 NOT_FOR_PLAIN = {
     FaultKind.hang: "a plain script reports no progress, so hang detection is off for it",
     FaultKind.straggler: "a plain script reports no step times, so stragglers are off for it",
-    FaultKind.node_loss: "a plain script sends no heartbeats: a node cut off without exiting is seen only when "
-    "its peers' collectives time out (parallel.collective_timeout_s)",
     FaultKind.storage_outage: "a plain script's ranks never use the checkpoint store",
 }
 
@@ -50,7 +48,7 @@ def check_plan(spec: RunSpec, plan: FaultPlan) -> None:
         if plan.kind in NOT_FOR_PLAIN:
             raise SpecError(f"--fault {plan.kind.value}: {NOT_FOR_PLAIN[plan.kind]}")
         launcher = launcher_for(spec)
-        if plan.kind != FaultKind.preempt and not isinstance(launcher, KnowsRankProcesses):
+        if plan.kind in PLAIN_SIGNALS and not isinstance(launcher, KnowsRankProcesses):
             raise SpecError(
                 f"--fault {plan.kind.value}: the {launcher.name} backend cannot name a plain script's "
                 "rank processes (it does not implement KnowsRankProcesses)"

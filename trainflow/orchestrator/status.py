@@ -114,6 +114,7 @@ class AttemptStatus:
     preempted: dict | None = None
     diverged: dict | None = None
     error_ranks: set[int] = field(default_factory=set)
+    nodes_heard: dict[int, float] = field(default_factory=dict)  # node -> when its relay's last line came
 
     def min_step(self) -> int:
         return min((r.step for r in self.ranks.values()), default=0)
@@ -154,6 +155,10 @@ class AttemptSummary:
     stalled_since: float  # the oldest progress of any rank (the first step's time for one yet to step)
     slowest_step_s: float
     max_step: int
+    # the node whose relay, its stream still open, was heard from longest ago (a plain script's
+    # node has no rank to hear from: its relay's heartbeats are all there is)
+    quiet_node: int | None = None
+    quiet_since: float = float("inf")
 
 
 class StatusServer:
@@ -204,6 +209,7 @@ class StatusServer:
                     k: replace(v, compute_s=deque(v.compute_s, maxlen=COMPUTE_WINDOW)) for k, v in current.ranks.items()
                 },
                 nodes={k: replace(v, ranks=set(v.ranks)) for k, v in current.nodes.items()},
+                nodes_heard=dict(current.nodes_heard),
                 finished=dict(current.finished) if current.finished else None,
                 finished_ranks={k: dict(v) for k, v in current.finished_ranks.items()},
                 errors=list(current.errors),
@@ -225,6 +231,10 @@ class StatusServer:
                     default=None,
                 )
             )
+            quiet = min(
+                ((heard, node) for node, heard in current.nodes_heard.items() if self._open[(current.attempt, node)]),
+                default=None,
+            )
             fallback = current.first_step_at or current.started_at
             stalled = min((n.least_progressed_at or fallback for n in current.nodes.values()), default=fallback)
             return AttemptSummary(
@@ -242,6 +252,8 @@ class StatusServer:
                 max_step=max((r.step for r in current.ranks.values()), default=0)
                 if len(current.ranks) < 64
                 else self._max_step_of_nodes(current),
+                quiet_node=quiet[1] if quiet else None,
+                quiet_since=quiet[0] if quiet else float("inf"),
             )
 
     @staticmethod
@@ -279,9 +291,16 @@ class StatusServer:
         stream = _RankStream(self, hello, peer) if isinstance(hello, Hello) else _NodeStream(self, hello, peer)
         with self._lock:
             self._open[(hello.attempt, hello.node)] += 1
-            if isinstance(hello, Hello):
+            if isinstance(hello, NodeHello):
+                self._heard(hello.attempt, hello.node, time.time())
+            else:
                 self._apply(hello.attempt, hello.node, stream, [(hello.rank, hello.pid, Heartbeat(), time.time())])
         return stream
+
+    def _heard(self, attempt: int, node: int, read_at: float) -> None:
+        """A line of a node's relay (under the lock): the node is alive, whatever it said."""
+        if attempt == self._attempt.attempt:
+            self._attempt.nodes_heard[node] = read_at
 
     def _closed(self, attempt: int, node: int) -> None:
         with self._lock:
@@ -515,6 +534,7 @@ class _NodeStream(_Stream):
                     items.append((rank, pid, event, read_at))
                 case _:
                     self.drop(f"a {type(message).kind!r} message on a node's stream")
-        if items:
-            with self.server._lock:
+        with self.server._lock:
+            self.server._heard(self.attempt, self.node, read_at)
+            if items:
                 self.server._apply(self.attempt, self.node, self, items)

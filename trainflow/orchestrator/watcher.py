@@ -150,7 +150,7 @@ class AttemptWatcher:
             return self._result(Outcome.INFRA, fault, self.channel.snapshot(), now, None, {"tracking_store": fault})
 
         if self.plain:
-            return None
+            return self._silent_plain_node(status, now)
         if not status.known:
             if now - self.handle.started_at > self.limits.startup_timeout_s:
                 reason = (
@@ -212,6 +212,18 @@ class AttemptWatcher:
                     reason += f", no first step within fault_tolerance.startup_timeout_s ({limit:g}s)"
                 return self._hung(reason, full, now, stalled_since, {"ranks": stuck, "hang_timeout_s": limit})
         return None
+
+    def _silent_plain_node(self, status: AttemptSummary, now: float) -> AttemptResult | None:
+        """A plain script's ranks say nothing; its node's relay heartbeats all the same. A relay
+        silent for the heartbeat timeout, its stream still open and its node not exited, is a node
+        cut off (or its agent stopped): lost, as a runtime script's silent node is."""
+        node, heard = status.quiet_node, status.quiet_since
+        if node is None or now - heard <= self.limits.heartbeat_timeout_s:
+            return None
+        state = self._probe(node)
+        reason = f"node {node} silent for {now - heard:.1f}s without exiting ({state})"
+        evidence = {"node": node, "node_state": state, "silent_s": round(now - heard, 3)}
+        return self._result(Outcome.NODE_LOST, reason, self.channel.snapshot(), now, heard, evidence)
 
     def _exit_overdue(self, exits, now: float) -> AttemptResult | None:
         """Nodes still running long after another node's workers were through with the job: a rank
