@@ -42,6 +42,7 @@ PROCESS_UNIT_MODULES = (
     "test_private_files.py",
     "test_quota.py",
     "test_rank_records.py",
+    "test_script_main.py",
     "test_resumable_loader.py",
     "test_soak.py",
     "test_status_limits.py",

@@ -199,7 +199,8 @@ def test_a_script_printing_a_lot_keeps_each_node_log_within_its_bound_on_slurm(s
         assert "bytes of this node's output dropped here" in texts[-1]
     # the end is kept: the rank that failed first says why (the other node's step was cancelled then)
     assert any("ran out of data after 20 steps" in text for text in texts)
-    # the rank is named from its agent's account (a message given to sys.exit is no exception to quote)
+    # the rank is named from its agent's account, in its own word: the message it gave sys.exit
     assert re.search(r"rank [01] on node [01] exited with code 1", summary["reason"]), summary["reason"]
+    assert "ran out of data after 20 steps" in summary["reason"], summary["reason"]
     tails = sorted(p.name for p in (logs / "stderr").rglob("local-rank-*"))
     assert tails == ["local-rank-0", "local-rank-0"]

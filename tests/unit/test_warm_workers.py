@@ -261,8 +261,8 @@ def test_the_preload_leaves_torch_dynamo_to_the_rank(tmp_path):
 def test_a_scripts_exit_message_is_recorded_in_torchruns_error_file_as_record_would(tmp_path, monkeypatch):
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+    from trainflow.backends.script_main import _run
     from trainflow.backends.torchrun_report import error_file_line
-    from trainflow.backends.warm.child import _run_as_main
 
     error_file = tmp_path / "run" / "attempt_0" / "0" / "error.json"
     error_file.parent.mkdir(parents=True)
@@ -272,7 +272,7 @@ def test_a_scripts_exit_message_is_recorded_in_torchruns_error_file_as_record_wo
         sys.exit("train.py: ran out of data")
 
     with pytest.raises(SystemExit) as ended:
-        _run_as_main(gives_up)
+        _run(gives_up)
     assert ended.value.code == "train.py: ran out of data"  # the interpreter still prints it and exits 1
     assert error_file_line(tmp_path, 0) == "SystemExit: train.py: ran out of data"
     failure = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(error_file))  # as torchrun reads it
@@ -280,5 +280,5 @@ def test_a_scripts_exit_message_is_recorded_in_torchruns_error_file_as_record_wo
 
     error_file.unlink()
     with pytest.raises(SystemExit):
-        _run_as_main(lambda: sys.exit(3))  # a bare exit code says nothing more than the code
+        _run(lambda: sys.exit(3))  # a bare exit code says nothing more than the code
     assert not error_file.exists()

@@ -16,7 +16,8 @@ exits.
 Before torchrun starts the script, the agent sets the attempt's environment and restores a plain
 script's own checkpoint folder; node 0's agent copies that folder to the checkpoint store while the
 script runs (plain_node.py). Before it exits, no worker is left running under it
-(leftover_workers.py)."""
+(leftover_workers.py). Each rank runs its script through script_main.py, which keeps a
+`sys.exit("why")` message where torchrun's failure report reads it."""
 
 from __future__ import annotations
 
@@ -29,12 +30,13 @@ def main() -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun
 
-    from trainflow.backends import bounded_output, quick_rendezvous, rank_records, store_sockets
+    from trainflow.backends import bounded_output, quick_rendezvous, rank_records, script_main, store_sockets
     from trainflow.backends.leftover_workers import end_leftover_workers
     from trainflow.backends.plain_node import prepare_node
     from trainflow.relay.relay import start_for_node
 
     copies = prepare_node(sys.argv)  # before the records' variable leaves the environment
+    script_main.install()  # a rank that starts as a new interpreter runs its script as a warm one does
     quick_rendezvous.install_from_environment()
     store_sockets.install_from_environment()
     bounded_output.install_from_environment()

@@ -5,16 +5,13 @@ agent for a node."""
 from __future__ import annotations
 
 import io
-import json
 import os
-import runpy
 import signal
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from trainflow.backends.script_main import run_as_main
 from trainflow.backends.store_sockets import LISTEN_FD_ENV
 from trainflow.backends.warm.protocol import AGENT, WORKER, NotForkable
 
@@ -93,51 +90,7 @@ def run(command: Command) -> None:
         torchrun_hook.install(int(os.environ.pop(CHANNEL_FD_ENV)))
         agent.main()
         return
-    if command.as_module:
-        sys.argv = [command.target, *command.args]
-        sys.path[0] = os.getcwd()
-        _run_as_main(lambda: runpy.run_module(command.target, run_name="__main__", alter_sys=True))
-    else:
-        sys.argv = [command.target, *command.args]
-        sys.path[0] = str(Path(command.target).resolve().parent)
-        _run_as_main(lambda: runpy.run_path(command.target, run_name="__main__"))
-
-
-def _run_as_main(run_script) -> None:
-    """An uncaught exception goes to sys.excepthook without this file's and runpy's frames, and
-    the process exits 1, as a script run by `python` does."""
-    try:
-        run_script()
-    except SystemExit as exc:
-        if exc.code is not None and not isinstance(exc.code, int):
-            _record_exit_message(str(exc.code))
-        raise
-    except BaseException as exc:
-        tb = exc.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__, "<frozen runpy>"):
-            tb = tb.tb_next
-        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-        if isinstance(exc, KeyboardInterrupt):
-            sys.stdout.flush()
-            sys.stderr.flush()
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGINT)
-        sys.exit(1)
-    sys.exit(0)
-
-
-def _record_exit_message(message: str) -> None:
-    """`sys.exit("why")` is the script's own word on its failure: written where torch's `@record`
-    writes an exception (torchrun's error file for this rank), unless the script recorded one."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path or os.path.exists(path):
-        return
-    try:
-        with open(path, "x", encoding="utf-8") as file:
-            extra = {"py_callstack": "", "timestamp": str(int(time.time()))}  # torch's reader needs both
-            json.dump({"message": {"message": f"SystemExit: {message}", "extraInfo": extra}}, file)
-    except OSError:
-        pass  # the message is still on stderr
+    run_as_main(command.target, command.args, command.as_module)
 
 
 def _unbuffered_stdio() -> None:
