@@ -49,8 +49,8 @@ def release_attempt(launched: Launched, result: AttemptResult) -> AttemptResult:
             if value is not None
         ],
     )
-    stacks = result.evidence.pop("stacks", {})
-    tracker.log_json(child, {"reason": result.reason, **result.evidence}, "evidence.json")
+    stacks, result.evidence.stacks = result.evidence.stacks, {}  # files of their own, not carried on
+    tracker.log_json(child, {"reason": result.reason, **result.evidence.as_dict()}, "evidence.json")
     for rank, text in stacks.items():
         tracker.log_text(child, text, f"stacks/rank-{rank}.txt")
     for path in handle.logs.values():  # the workers' own output, and torchrun's error files
@@ -141,7 +141,8 @@ def recover_nodes(launched: Launched, result: AttemptResult) -> RunSpec:
     if it cannot come back and min_nodes allows, go on without it. Always a spec object of its own
     (a copy when nothing changed): Prefect links by object identity, and the run's spec is validate-spec's."""
     spec, provisioned, handle = launched.spec, launched.provisioned, launched.handle
-    node = result.evidence.get("node") if result.outcome.value == "NODE_LOST" else excluded_node(result)
+    silent = result.evidence.silent_node
+    node = silent.node if silent is not None and result.outcome.value == "NODE_LOST" else excluded_node(result)
     if node is None:
         return spec.model_copy()
     logger = get_run_logger()

@@ -48,7 +48,7 @@ def finalize(
             {"step": c.step, "uri": c.uri, "verified": c.verified, "bytes": c.bytes} for c in snapshots if c.verified
         ]
     ledger = run_ledger(results, spec.world_size)
-    stragglers = [s for r in results for s in r.evidence.get("stragglers", [])]
+    stragglers = [s for r in results for s in r.evidence.stragglers]
     summary = RunSummary(
         status=status,
         reason=decision.reason,
@@ -64,7 +64,7 @@ def finalize(
         checkpoints=[{k: c.get(k) for k in ("step", "uri", "verified", "committed_at")} for c in checkpoints],
         snapshots_failed=[s.step for s in snapshots if not s.verified],
         attempts=ledger.attempts,
-        stragglers=stragglers,
+        stragglers=[s.as_dict() for s in stragglers],
         goodput=ledger.figures.goodput,
         features_off=features_off(spec),  # workload.mode plain: what needs trainflow.runtime
         costs=ledger.figures,

@@ -111,11 +111,11 @@ def watch_attempt(launched: Launched, commits: CommitFeed) -> AttemptResult | St
     try:
         with sampled_output(handle, logger):  # a bounded tail of the training output, while it trains
             result = watcher.run()
-        if result.evidence.get("storage_calls"):
+        if result.evidence.storage_calls:
             # a storage outage: the flow may be waiting on the same store to snapshot a commit, and
             # until it releases the attempt the workers would train on past the verdict once it answers
             provisioned.launcher.stop(handle, grace_s=STOP_GRACE_S)
-        if "tracking_store" in result.evidence:
+        if result.evidence.tracking_store is not None:
             # as a stop does: SIGTERM, and the workers save an emergency checkpoint before they exit
             provisioned.launcher.stop(handle, grace_s=spec.fault_tolerance.preemption_grace_s)
     finally:
@@ -126,12 +126,12 @@ def watch_attempt(launched: Launched, commits: CommitFeed) -> AttemptResult | St
     log = logger.info if result.outcome.value == "SUCCEEDED" else logger.warning
     at_step = "" if watcher.plain else f" at step {result.last_step}"  # a plain script reports no steps
     log("attempt %d ended %s%s: %s", result.attempt, result.outcome.value, at_step, result.reason)
-    for failed in result.evidence.get("failed_ranks", [])[:1]:
-        if failed["stderr_tail"]:  # the failing rank's own last words, where people look first
+    for failed in result.evidence.failed_ranks[:1]:
+        if failed.stderr_tail:  # the failing rank's own last words, where people look first
             logger.warning(
                 "last stderr lines of %s:\n%s",
-                f"rank {failed['rank']}" if failed["rank"] is not None else f"node {failed['node']}",
-                "\n".join(failed["stderr_tail"]),
+                f"rank {failed.rank}" if failed.rank is not None else f"node {failed.node}",
+                "\n".join(failed.stderr_tail),
             )
     return watched(result, steps_reported=not watcher.plain)  # a failed attempt's task is Failed, the flow goes on
 
@@ -147,7 +147,7 @@ def note_restores(launched: Launched, result: AttemptResult) -> None:
         return
     if not restores:
         return
-    result.evidence["restores"] = restores
+    result.evidence.restores = restores
     restored = next((r["restored"] for r in restores if r.get("restored")), None)
     result.resumed_from = f"{storage.uri}/{restored}" if restored else None
     for entry in restores:

@@ -9,8 +9,9 @@ import pytest
 from pydantic import ValidationError
 
 from trainflow.backends.base import NodeExit, RankExit
+from trainflow.contracts.evidence import AttemptEvidence, MatchedRule
 from trainflow.orchestrator.failures import AttemptResult, Outcome, decide
-from trainflow.orchestrator.rules import RULE_EVIDENCE, decide_by_rule, match_rules, ruled_outcome
+from trainflow.orchestrator.rules import decide_by_rule, match_rules, ruled_outcome
 from trainflow.orchestrator.status import AttemptStatus
 from trainflow.spec import FaultTolerance
 
@@ -103,6 +104,22 @@ def test_only_the_cause_is_judged_never_what_followed_from_it():
 
 
 def attempt(n: int, outcome: Outcome, rule: dict | None = None, last_step: int = 10) -> AttemptResult:
+    matched = (
+        MatchedRule(
+            **{
+                "rule": "fault_tolerance.rules[0]",
+                "means": "",
+                "matched": "",
+                "rank": 1,
+                "node": 1,
+                "outcome": None,
+                "action": None,
+                **rule,
+            }
+        )
+        if rule
+        else None
+    )
     return AttemptResult(
         attempt=n,
         outcome=outcome,
@@ -114,7 +131,7 @@ def attempt(n: int, outcome: Outcome, rule: dict | None = None, last_step: int =
         failed_at=None,
         last_step=last_step,
         resumed_from_step=0,
-        evidence={RULE_EVIDENCE: rule} if rule else {},
+        evidence=AttemptEvidence(rule=matched),
     )
 
 

@@ -89,7 +89,7 @@ def test_heartbeats_without_progress_are_a_hang_with_stacks(channel):
         assert result.outcome == Outcome.HUNG
         assert 0.9 < time.monotonic() - started < 3.0  # the hang timeout, plus a poll or two
         assert "no step progress" in result.reason
-        assert launcher.stacks_asked and result.evidence["stacks"] == {0: "stack of 100", 1: "stack of 101"}
+        assert launcher.stacks_asked and result.evidence.stacks == {0: "stack of 100", 1: "stack of 101"}
     finally:
         for r in ranks:
             r.close()
@@ -104,7 +104,7 @@ def test_silence_without_exit_is_a_lost_node(channel):
         doomed.close()  # node 1 goes quiet, its process "still running"
         result = watcher(channel, StandInLauncher(2), heartbeat_timeout_s=0.6, hang_timeout_s=30).run(poll_s=0.05)
         assert result.outcome == Outcome.NODE_LOST
-        assert result.evidence["node"] == 1 and result.detection_latency_s < 0.6 + 0.5
+        assert result.evidence.silent_node.node == 1 and result.detection_latency_s < 0.6 + 0.5
     finally:
         alive.close()
 
@@ -189,7 +189,7 @@ def test_a_stall_while_ranks_wait_on_the_checkpoint_store_is_infra_not_a_hang(ch
         assert result.outcome == Outcome.INFRA
         assert "blocked in storage calls" in result.reason and "checkpoint save of step 5" in result.reason
         assert "last storage error: upload failed: rank 0: ReadTimeoutError" in result.reason
-        assert sorted(c["rank"] for c in result.evidence["storage_calls"]) == [0, 1]
+        assert sorted(c.rank for c in result.evidence.storage_calls) == [0, 1]
         assert not launcher.stacks_asked
     finally:
         for r in ranks:
@@ -253,7 +253,7 @@ def test_a_lingering_agent_does_not_turn_a_finished_attempt_into_a_crash(channel
     result = watcher(channel, launcher, heartbeat_timeout_s=30, hang_timeout_s=30).run(poll_s=0.05)
     assert launcher.polls <= 0  # it waited for the agent's own exit code
     assert result.outcome == Outcome.SUCCEEDED, result.reason
-    assert result.evidence["finished_ranks"] == [0, 1]
+    assert result.evidence.finished_ranks == [0, 1]
 
 
 def test_a_script_that_never_reports_is_a_hang_at_start_up_not_infra(channel):
@@ -263,7 +263,7 @@ def test_a_script_that_never_reports_is_a_hang_at_start_up_not_infra(channel):
     )
     assert result.outcome == Outcome.HUNG
     assert "fault_tolerance.startup_timeout_s" in result.reason
-    assert "nodes_seen" not in result.evidence  # this backend cannot say more
+    assert "nodes_seen" not in result.evidence.details  # this backend cannot say more
 
 
 def test_a_rank_that_never_reports_is_named_after_the_start_up_limit_not_lost(channel):
@@ -276,7 +276,7 @@ def test_a_rank_that_never_reports_is_named_after_the_start_up_limit_not_lost(ch
     finally:
         present.close()
     assert result.outcome == Outcome.HUNG and "ranks 1 never reported" in result.reason
-    assert result.evidence["never_reported"] == [1]
+    assert result.evidence.details["never_reported"] == [1]
 
 
 def test_a_start_up_timeout_carries_what_the_backend_sees_of_each_node(channel):
@@ -288,7 +288,7 @@ def test_a_start_up_timeout_carries_what_the_backend_sees_of_each_node(channel):
         poll_s=0.05
     )
     assert result.outcome == Outcome.HUNG
-    assert result.evidence["nodes_seen"]["waiting"] == {0: "ImagePullBackOff"}
+    assert result.evidence.details["nodes_seen"]["waiting"] == {0: "ImagePullBackOff"}
 
 
 def test_a_plain_script_is_watched_by_its_exits_only(channel):
@@ -453,7 +453,7 @@ def test_a_node_still_running_long_after_its_peer_finished_is_a_hang_of_that_nod
     assert 0.5 <= time.monotonic() - started < 10
     assert "node 0 still running" in result.reason and "after node 1 finished" in result.reason, result.reason
     assert "fault_tolerance.exit_timeout_s" in result.reason
-    assert result.evidence["running_nodes"] == [0] and result.evidence["finished_nodes"] == [1]
+    assert result.evidence.details["running_nodes"] == [0] and result.evidence.details["finished_nodes"] == [1]
 
 
 def test_a_dead_worker_is_still_a_crash(channel):
@@ -504,7 +504,9 @@ def test_a_plain_scripts_node_whose_relay_falls_silent_is_lost(channel, tmp_path
         launcher = ScriptedExits([running] * 500 + [ended])  # ends by itself after 10 s of polls at most
         result = plain_watcher(channel, launcher).run(poll_s=0.02)
         assert result.outcome == Outcome.NODE_LOST, result.reason
-        assert result.evidence["node"] == 1 and result.evidence["node_state"] == "running", result.evidence
+        silent = result.evidence.silent_node
+        assert silent is not None and silent.node == 1 and silent.node_state == "running", result.evidence
+        assert result.evidence.as_dict()["silent_s"] >= 1.0  # the record: the silent node's fields at its top
         assert "node 1 silent for" in result.reason
         assert time.monotonic() - started >= 1.0  # the heartbeat timeout, never before
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainflow.contracts.evidence import AttemptEvidence
 from trainflow.contracts.outcome import Outcome
 
 
@@ -41,7 +42,7 @@ class AttemptResult:
     milestones: WorkerMilestones = field(default_factory=WorkerMilestones)
     finished: dict | None = None
     totals: dict = field(default_factory=dict)  # sums over rank 0's reported steps: steps, step, comm, data, stalls
-    evidence: dict = field(default_factory=dict)
+    evidence: AttemptEvidence = field(default_factory=AttemptEvidence)
     resumed_from: str | None = None  # a plain script: the copy of its own checkpoint restored (URI)
 
     @property

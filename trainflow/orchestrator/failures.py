@@ -306,7 +306,7 @@ def decide(policy: FaultTolerance, results: list[AttemptResult]) -> Decision:
         return Decision(False, last.reason)
     if last.outcome not in policy.retry_on:
         return Decision(False, f"{last.outcome.value} is not retried: {last.reason}")
-    if "tracking_store" in last.evidence:  # another attempt would train unrecorded too
+    if last.evidence.tracking_store is not None:  # another attempt would train unrecorded too
         return Decision(False, f"{last.outcome.value} is not retried while the tracking store is down: {last.reason}")
     if len(results) >= 2 and last.outcome != Outcome.PREEMPTED:
         previous = results[-2]

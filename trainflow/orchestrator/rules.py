@@ -13,12 +13,11 @@ from dataclasses import dataclass
 
 from trainflow.backends.base import NodeExit
 from trainflow.contracts import AttemptResult, Outcome
+from trainflow.contracts.evidence import MatchedRule
 from trainflow.orchestrator.failures import Decision, RankFailure, budget_for, rank_failures, signal_name
 from trainflow.orchestrator.status import AttemptStatus
 from trainflow.spec import FaultTolerance
 from trainflow.spec.retry_rules import BUILT_IN_RULES, RetryRule, RuleAction
-
-RULE_EVIDENCE = "rule"  # the key of the matched rule in an attempt's evidence
 
 
 @dataclass(frozen=True)
@@ -30,16 +29,16 @@ class RuleMatch:
     failure: RankFailure
     matched: str  # what matched: "exit code 3", "SIGKILL", or the matching line
 
-    def record(self) -> dict:
-        return {
-            "rule": self.name,
-            "means": self.rule.describe(),
-            "matched": self.matched,
-            "rank": self.failure.rank,
-            "node": self.failure.node,
-            "outcome": self.rule.outcome.value if self.rule.outcome else None,
-            "action": self.rule.action.value if self.rule.action else None,
-        }
+    def record(self) -> MatchedRule:
+        return MatchedRule(
+            rule=self.name,
+            means=self.rule.describe(),
+            matched=self.matched,
+            rank=self.failure.rank,
+            node=self.failure.node,
+            outcome=self.rule.outcome.value if self.rule.outcome else None,
+            action=self.rule.action.value if self.rule.action else None,
+        )
 
 
 def ordered_rules(policy: FaultTolerance) -> list[tuple[str, RetryRule]]:
@@ -111,7 +110,7 @@ def ruled_outcome(match: RuleMatch, outcome: Outcome, reason: str) -> tuple[Outc
 def decide_by_rule(policy: FaultTolerance, results: list[AttemptResult]) -> Decision | None:
     """The branch a rule's action takes after the last attempt; None where no action rule matched it."""
     last = results[-1]
-    action = (last.evidence.get(RULE_EVIDENCE) or {}).get("action")
+    action = _action(last)
     if last.outcome == Outcome.SUCCEEDED or action is None:
         return None
     if action == RuleAction.stop.value:
@@ -133,12 +132,16 @@ def decide_by_rule(policy: FaultTolerance, results: list[AttemptResult]) -> Deci
 
 def excluded_node(result: AttemptResult) -> int | None:
     """The node a rule's exclude_node action leaves out of the next attempt."""
-    rule = result.evidence.get(RULE_EVIDENCE) or {}
-    return rule.get("node") if rule.get("action") == RuleAction.exclude_node.value else None
+    rule = result.evidence.rule
+    return rule.node if rule is not None and rule.action == RuleAction.exclude_node.value else None
+
+
+def _action(result: AttemptResult) -> str | None:
+    return result.evidence.rule.action if result.evidence.rule is not None else None
 
 
 def _budget(result: AttemptResult, policy: FaultTolerance) -> str:
-    action = (result.evidence.get(RULE_EVIDENCE) or {}).get("action")
+    action = _action(result)
     if action in (RuleAction.retry.value, RuleAction.exclude_node.value):
         return "restart"
     return budget_for(result.outcome, policy)[0]

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import bisect
 import time
-from dataclasses import asdict, dataclass
 
+from trainflow.contracts.evidence import Straggler
 from trainflow.orchestrator.step_metrics import MetricRows
 
 STRAGGLER_REPORT_S = 5.0
@@ -22,25 +22,11 @@ SCORED_AT_EVERY_CHECK = 512
 SCORE_EVERY_MAX_S = 4.0
 
 
-@dataclass(frozen=True)
-class Straggler:
-    """A rank found straggling: its compute time `score` times the others' median."""
-
-    rank: int
-    node: int
-    score: float
-    step: int
-    t: float
-
-    def as_dict(self) -> dict:
-        return {"kind": "straggler", **asdict(self)}
-
-
 class StragglerWatch:
     def __init__(self, factor: float, steps: int):
         self.factor = factor
         self.steps = steps
-        self.stragglers: dict[int, dict] = {}  # rank -> the report that named it
+        self.stragglers: dict[int, Straggler] = {}  # rank -> the report that named it
         self._straggling: dict[int, int] = {}
         self._scored_at = time.monotonic()
         self._checked_at = float("-inf")
@@ -70,7 +56,7 @@ class StragglerWatch:
             self._straggling[rank] = self._straggling.get(rank, 0) + 1 if above else 0
             if rank not in self.stragglers and self._straggling[rank] >= self.steps:
                 report = Straggler(rank, node, round(scores[rank], 2), step, time.time())
-                self.stragglers[rank] = report.as_dict()
+                self.stragglers[rank] = report
                 found.append(report)
         rows: MetricRows = []
         if now - self._scored_at > STRAGGLER_REPORT_S:

@@ -35,6 +35,7 @@ from typing import Any
 
 from trainflow.backends import AttemptHandle, Launcher, NodeExit
 from trainflow.backends.abilities import DescribesNodes, DumpsStacks, KnowsRankProcesses, ProbesNodes
+from trainflow.contracts.evidence import AttemptEvidence, FailedRank, SilentNode, StorageCall
 from trainflow.contracts.status_protocol import Checkpoint, Storage
 from trainflow.orchestrator.attempt_metrics import AttemptMetrics
 from trainflow.orchestrator.failures import (
@@ -45,7 +46,7 @@ from trainflow.orchestrator.failures import (
     lost_the_store,
     rank_failures,
 )
-from trainflow.orchestrator.rules import RULE_EVIDENCE, match_rules, ruled_outcome
+from trainflow.orchestrator.rules import match_rules, ruled_outcome
 from trainflow.orchestrator.status import AttemptStatus, AttemptSummary, RankReport, StatusServer
 from trainflow.orchestrator.step_metrics import MetricRows
 from trainflow.orchestrator.stragglers import Straggler, StragglerWatch
@@ -147,7 +148,8 @@ class AttemptWatcher:
                 return verdict
         fault = self.tracking_fault()
         if fault is not None:
-            return self._result(Outcome.INFRA, fault, self.channel.snapshot(), now, None, {"tracking_store": fault})
+            evidence = AttemptEvidence(tracking_store=fault)
+            return self._result(Outcome.INFRA, fault, self.channel.snapshot(), now, None, evidence)
 
         if self.plain:
             return self._silent_plain_node(status, now)
@@ -157,10 +159,10 @@ class AttemptWatcher:
                     f"no worker reported within fault_tolerance.startup_timeout_s "
                     f"({self.limits.startup_timeout_s:g}s) of launch"
                 )
-                evidence: dict[str, Any] = {"startup_timeout_s": self.limits.startup_timeout_s}
+                details: dict[str, Any] = {"startup_timeout_s": self.limits.startup_timeout_s}
                 if isinstance(self.launcher, DescribesNodes):  # why nothing started, as the backend sees it
-                    evidence["nodes_seen"] = self.launcher.describe(self.handle)
-                return self._hung(reason, self.channel.snapshot(), now, None, evidence)
+                    details["nodes_seen"] = self.launcher.describe(self.handle)
+                return self._hung(reason, self.channel.snapshot(), now, None, AttemptEvidence(details=details))
             return None
 
         self._watch_stragglers(status)
@@ -171,12 +173,15 @@ class AttemptWatcher:
             if status.leaving == status.known and now - since > AGENT_EXIT_WAIT_S:
                 full = self.channel.snapshot()
                 reason = f"every rank said it was leaving but the processes did not exit within {AGENT_EXIT_WAIT_S:g}s"
-                return self._hung(reason, full, now, since, {"leaving": sorted(full.leaving())})
+                return self._hung(
+                    reason, full, now, since, AttemptEvidence(details={"leaving": sorted(full.leaving())})
+                )
         rank, node, last_seen = status.silent_rank, status.silent_node, status.silent_since
         if rank is not None and node is not None and now - last_seen > self.limits.heartbeat_timeout_s:
             state = self._probe(node)
             full = self.channel.snapshot()
-            evidence = {"node": node, "rank": rank, "node_state": state, "last_heartbeats": _last_heartbeats(full, now)}
+            silent = SilentNode(node, rank, state, round(now - last_seen, 3), _last_heartbeats(full, now))
+            evidence = AttemptEvidence(silent_node=silent)
             if state == "workers-stopped":
                 reason = f"rank {rank} on node {node} is frozen while its node is alive"
                 return self._hung(reason, full, now, last_seen, evidence)
@@ -191,9 +196,8 @@ class AttemptWatcher:
                 f"ranks {_ranges(missing)} never reported within fault_tolerance.startup_timeout_s "
                 f"({self.limits.startup_timeout_s:g}s) of launch"
             )
-            return self._hung(
-                reason, full, now, None, {"never_reported": missing, "startup_timeout_s": self.limits.startup_timeout_s}
-            )
+            details = {"never_reported": missing, "startup_timeout_s": self.limits.startup_timeout_s}
+            return self._hung(reason, full, now, None, AttemptEvidence(details=details))
         if status.known == self.world_size and not status.leaving:
             # a rank yet to report its first step is behind since the attempt's first step, not since
             # launch: a start-up slower than the hang timeout (a loaded host) is no hang
@@ -210,7 +214,8 @@ class AttemptWatcher:
                 reason += " while heartbeats continue"
                 if not status.first_step_at:
                     reason += f", no first step within fault_tolerance.startup_timeout_s ({limit:g}s)"
-                return self._hung(reason, full, now, stalled_since, {"ranks": stuck, "hang_timeout_s": limit})
+                details = {"ranks": stuck, "hang_timeout_s": limit}
+                return self._hung(reason, full, now, stalled_since, AttemptEvidence(details=details))
         return None
 
     def _silent_plain_node(self, status: AttemptSummary, now: float) -> AttemptResult | None:
@@ -222,7 +227,7 @@ class AttemptWatcher:
             return None
         state = self._probe(node)
         reason = f"node {node} silent for {now - heard:.1f}s without exiting ({state})"
-        evidence = {"node": node, "node_state": state, "silent_s": round(now - heard, 3)}
+        evidence = AttemptEvidence(silent_node=SilentNode(node, None, state, round(now - heard, 3)))
         return self._result(Outcome.NODE_LOST, reason, self.channel.snapshot(), now, heard, evidence)
 
     def _exit_overdue(self, exits, now: float) -> AttemptResult | None:
@@ -238,8 +243,8 @@ class AttemptWatcher:
             f"node {_nodes(running)} still running {now - since:.0f}s after node {_nodes(done)} finished "
             f"(fault_tolerance.exit_timeout_s: {self.limits.exit_timeout_s:g}s)"
         )
-        evidence = {"finished_nodes": done, "running_nodes": running, "exit_timeout_s": self.limits.exit_timeout_s}
-        return self._hung(reason, self.channel.snapshot(), now, since, evidence, nodes=running)
+        details = {"finished_nodes": done, "running_nodes": running, "exit_timeout_s": self.limits.exit_timeout_s}
+        return self._hung(reason, self.channel.snapshot(), now, since, AttemptEvidence(details=details), nodes=running)
 
     def _ended_by_exit(self, exits, detected_at: float) -> AttemptResult | None:
         """The verdict on an attempt a node has ended or failed; None when the workers that had
@@ -281,29 +286,26 @@ class AttemptWatcher:
         failed_at = reported[0] if reported else (status.errors[0]["t"] if status.errors else None)
         if status.preempted and status.preempted.get("requested_at"):
             failed_at = status.preempted["requested_at"]
-        evidence = {
-            "exit_codes": {e.node: e.returncode for e in exits},
-            "finished_ranks": sorted(status.finished_ranks),
-        }
-        if causes:  # the decision's evidence: failed ranks, earliest first, with their last stderr lines
-            evidence["failed_ranks"] = [
-                {
-                    "rank": f.rank,
-                    "node": f.node,
-                    "exitcode": f.exitcode,
-                    "at": f.at,
-                    "error": (f.error or {}).get("type"),
-                    "stderr_tail": list(f.stderr_tail),
-                    **({"error_file": f.error_line} if f.error_line else {}),
-                }
+        evidence = AttemptEvidence(
+            exit_codes={e.node: e.returncode for e in exits},
+            finished_ranks=sorted(status.finished_ranks),
+            # the decision's evidence: failed ranks, earliest first, with their last stderr lines
+            failed_ranks=[
+                FailedRank(
+                    f.rank,
+                    f.node,
+                    f.exitcode,
+                    f.at,
+                    (f.error or {}).get("type"),
+                    tuple(f.stderr_tail),
+                    f.error_line,
+                )
                 for f in causes
-            ]
-        if rule is not None:
-            evidence[RULE_EVIDENCE] = rule.record()
-        if status.preempted:
-            evidence["preempted"] = status.preempted
-        if status.diverged:
-            evidence["diverged"] = status.diverged
+            ],
+            rule=rule.record() if rule is not None else None,
+            preempted=status.preempted or None,
+            diverged=status.diverged or None,
+        )
         return self._result(outcome, reason, status, detected_at, failed_at, evidence)
 
     def _storage_stall(self, status: AttemptStatus, now: float, stalled_since: float) -> AttemptResult:
@@ -316,8 +318,12 @@ class AttemptWatcher:
         )
         if self._storage_error:
             reason += f"; last storage error: {self._storage_error}"
-        evidence = {"storage_calls": [c.as_dict() for c in self._storage_calls.values()]}
-        return self._result(Outcome.INFRA, reason, status, now, call.since, evidence)
+        blocked = [
+            StorageCall(r.rank, r.node, r.message.call, r.message.since)
+            for r in self._storage_calls.values()
+            if isinstance(r.message, Storage)
+        ]
+        return self._result(Outcome.INFRA, reason, status, now, call.since, AttemptEvidence(storage_calls=blocked))
 
     def _hung(
         self,
@@ -325,12 +331,11 @@ class AttemptWatcher:
         status: AttemptStatus,
         detected_at: float,
         failed_at: float | None,
-        evidence: dict,
+        evidence: AttemptEvidence,
         nodes: list[int] | None = None,
     ) -> AttemptResult:
-        result = self._result(Outcome.HUNG, reason, status, detected_at, failed_at, evidence)
-        result.evidence["stacks"] = self._stacks(status, nodes)
-        return result
+        evidence.stacks = self._stacks(status, nodes)
+        return self._result(Outcome.HUNG, reason, status, detected_at, failed_at, evidence)
 
     def _probe(self, node: int) -> str:
         return self.launcher.probe(self.handle, node) if isinstance(self.launcher, ProbesNodes) else "unknown"
@@ -360,16 +365,12 @@ class AttemptWatcher:
         status: AttemptStatus,
         detected_at: float,
         failed_at: float | None,
-        evidence: dict,
+        evidence: AttemptEvidence,
     ) -> AttemptResult:
+        evidence.errors = status.errors[:3]
         # the node folders go at teardown; the logs are kept as this attempt's MLflow artifacts
-        evidence = {
-            **evidence,
-            "errors": status.errors[:3],
-            "logs": {n: f"logs/{p.name}" for n, p in self.handle.logs.items()},
-        }
-        if self.stragglers:
-            evidence["stragglers"] = list(self.stragglers.values())
+        evidence.logs = {n: f"logs/{p.name}" for n, p in self.handle.logs.items()}
+        evidence.stragglers = list(self.stragglers.values())
         return AttemptResult(
             attempt=self.handle.attempt,
             outcome=outcome,

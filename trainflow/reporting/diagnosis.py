@@ -7,6 +7,7 @@ each finding names its figure and what usually helps.
 from __future__ import annotations
 
 from trainflow.contracts import RunFigures
+from trainflow.contracts.evidence import Straggler
 from trainflow.contracts.ledger import percent, seconds
 
 COMM_SHARE_LIMIT = 0.30
@@ -14,7 +15,7 @@ DATA_SHARE_LIMIT = 0.10
 CHECKPOINT_SHARE_LIMIT = 0.05
 
 
-def diagnose(figures: RunFigures, stragglers: list[dict]) -> list[str]:
+def diagnose(figures: RunFigures, stragglers: list[Straggler]) -> list[str]:
     findings = []
     if figures.comm_share > COMM_SHARE_LIMIT:
         findings.append(
@@ -34,7 +35,7 @@ def diagnose(figures: RunFigures, stragglers: list[dict]) -> list[str]:
         )
     for straggler in stragglers:
         findings.append(
-            f"rank {straggler['rank']} on node {straggler['node']} is a persistent straggler (compute "
-            f"{straggler['score']}x the others'): check that node's load, thermals or data shard"
+            f"rank {straggler.rank} on node {straggler.node} is a persistent straggler (compute "
+            f"{straggler.score}x the others'): check that node's load, thermals or data shard"
         )
     return findings

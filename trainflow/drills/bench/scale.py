@@ -300,7 +300,12 @@ def _orchestrator_side(options: Options) -> None:
     verdict = watcher.run()
     threads = threading.active_count()
     node, silenced_at, last_step = state.get("silenced", (None, None, 0))
-    expected = verdict.outcome == Outcome.NODE_LOST and verdict.evidence.get("node") == node and silenced_at
+    expected = (
+        verdict.outcome == Outcome.NODE_LOST
+        and verdict.evidence.silent_node is not None
+        and verdict.evidence.silent_node.node == node
+        and silenced_at
+    )
     latencies = sorted(applied[s] for s in applied if s <= last_step)
     (t0, c0), (t1, c1) = state.get("cpu_from", (0.0, 0.0)), state.get("cpu_until", (1.0, 0.0))
     print(
