@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from trainflow.spec import RunSpec, WorkloadMode
 
-# what needs `trainflow.runtime` inside the workers
+# what needs `trainflow.runtime` inside the workers (node loss does not: a node's relay heartbeats
+# whatever its ranks run)
 RUNTIME_FEATURES = (
     "progress",  # steps, loss and metrics in MLflow; the progress artifact
     "hang_detection",  # no step progress for hang_timeout_s (exits, signals, preemption still count)
-    "heartbeats",  # node loss noticed by silence
     "checkpoints",  # trainflow's checkpoints, restore and exact resume
     "divergence_check",
     "stragglers",

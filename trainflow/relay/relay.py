@@ -1,6 +1,7 @@
 """A node's relay: its ranks report here (a Unix socket in the node's private scratch), and it sends
 one stream for the whole node to the orchestrator (status_protocol.py: NodeHello, NodeReport,
-RankEvent). It runs in the node's torchrun agent, so every backend has one per node.
+RankEvent). It runs in the node's torchrun agent (trainflow.backends.agent: the local and Slurm
+backends'; a Kubernetes pod's ranks, under the image's own torchrun, report directly).
 
 Events (a checkpoint committed, an error) and a step once every rank of the node has reported it
 are sent at once, the rest with the next report. A rank's connection counts once its hello carries the
