@@ -17,7 +17,6 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, Failed, State
 
 from flows.lifecycle import faulted_lifecycle, training_lifecycle
-from tasks.verdicts import publish_drill
 from trainflow.backends.processes import describe, job_processes
 from trainflow.drills.bench.torchrun_restart import measure_torchrun_restart
 from trainflow.drills.chaos import FaultKind, FaultPlan
@@ -31,6 +30,7 @@ from trainflow.drills.drill import (
     save_baseline,
 )
 from trainflow.drills.storage_proxy import StorageProxy
+from trainflow.prefect.verdicts import publish_drill
 from trainflow.repro.environment import fingerprint_environment
 from trainflow.spec import RunSpec, load_spec
 

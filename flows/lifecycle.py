@@ -10,7 +10,7 @@ Prefect links a task to the tasks whose results it takes by walking into its arg
 matches objects by identity, so a shared enum member or string inside a result would link tasks
 that share nothing. Results are therefore handed on `opaque`: a task is linked to the task that
 made each argument, never to what the argument holds (hand-off records are plain classes, which
-Prefect does not walk into; see tasks/records.py).
+Prefect does not walk into; see trainflow/prefect/records.py).
 
 Run it with `trainflow run SPEC`, from a deployment, or directly: `python -m flows.lifecycle SPEC`.
 """
@@ -28,7 +28,6 @@ from prefect.states import Completed, Failed
 from prefect.utilities.annotations import opaque
 from pydantic import Field
 
-from tasks.attempt_states import failed_attempts, watched_result
 from tasks.attempts import classify_outcome, recover_nodes, release_attempt
 from tasks.chaos import inject_fault
 from tasks.finalize import finalize
@@ -36,7 +35,6 @@ from tasks.image import prepare_image
 from tasks.launch import choose_retry_point, find_resume_point, launch_attempt
 from tasks.provision import provision
 from tasks.quota import release_quota, wait_for_quota
-from tasks.reporting import report_attempt, report_checkpoint, report_run, start_report
 from tasks.snapshot import snapshot_checkpoint
 from tasks.teardown import teardown
 from tasks.tracking import start_tracking
@@ -46,6 +44,8 @@ from trainflow.contracts import RunSummary
 from trainflow.drills.chaos import FaultPlan
 from trainflow.orchestrator.interrupts import signal_name, teardown_not_interrupted
 from trainflow.orchestrator.live import LiveRun
+from trainflow.prefect.attempt_states import failed_attempts, watched_result
+from trainflow.prefect.ui import report_attempt, report_checkpoint, report_run, start_report
 from trainflow.run_id import checked_run_id, new_run_id
 from trainflow.spec import RunSpec, load_spec
 

@@ -17,8 +17,8 @@ from prefect.states import Completed, Failed
 from pydantic import Field
 
 from flows.lifecycle import training_lifecycle
-from tasks.verdicts import publish_rerun
 from trainflow.home import default_tracking_uri
+from trainflow.prefect.verdicts import publish_rerun
 from trainflow.repro.rerun import Lineage, RecordedRun, check_rerun, load_recorded_run, refusal, rerunning
 
 

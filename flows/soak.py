@@ -14,12 +14,12 @@ from prefect import flow, get_run_logger
 from prefect.states import Completed, Failed, State
 
 from flows.drill import run_lifecycle, storage_proxy
-from tasks.verdicts import publish_soak
 from trainflow.backends.processes import describe, job_processes
 from trainflow.drills.chaos import FaultKind, FaultPlan
 from trainflow.drills.cpu_load import cpu_load
 from trainflow.drills.drill import baseline_key, load_baseline, save_baseline
 from trainflow.drills.soak import plan_faults, render_confusion, soak_kinds, soak_report, soak_spec
+from trainflow.prefect.verdicts import publish_soak
 from trainflow.repro.environment import fingerprint_environment
 from trainflow.spec import RunSpec, load_spec
 

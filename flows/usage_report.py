@@ -20,7 +20,7 @@ from prefect.settings import PREFECT_API_URL
 from pydantic import Field
 
 from trainflow.home import default_tracking_uri
-from trainflow.prefect_api import PrefectApiError, team_limits
+from trainflow.prefect.rest import PrefectApiError, team_limits
 from trainflow.reporting.usage import GroupBy, UsageReport, build_report, compare_limits, parse_since
 from trainflow.reporting.usage_render import render_markdown
 

@@ -10,11 +10,11 @@ from prefect.runtime import task_run
 from prefect.states import State
 
 from tasks import lifecycle_task
-from tasks.attempt_states import decided
-from tasks.records import Launched, Provisioned
 from trainflow.backends.abilities import ReplacesNodes
 from trainflow.orchestrator.failures import AttemptResult, Decision, Outcome, decide
 from trainflow.orchestrator.rules import decide_by_rule, excluded_node
+from trainflow.prefect.attempt_states import decided
+from trainflow.prefect.records import Launched, Provisioned
 from trainflow.spec import RunSpec
 
 STOP_GRACE_S = 3.0

@@ -5,9 +5,9 @@ from __future__ import annotations
 from prefect import get_run_logger
 
 from tasks import lifecycle_task
-from tasks.records import Launched
 from trainflow.drills.chaos import FaultPlan, Injection, inject
 from trainflow.home import resolve_checkpoint_uri
+from trainflow.prefect.records import Launched
 
 
 @lifecycle_task(name="inject-fault", task_run_name="inject-{plan.kind.value}-{plan.moment}")

@@ -5,11 +5,11 @@ from __future__ import annotations
 from prefect import get_run_logger
 
 from tasks import lifecycle_task
-from tasks.records import CheckpointRecord, Launched
 from trainflow.checkpoint.catalog import list_committed, missing_or_resized
 from trainflow.checkpoint.storage import Storage, StorageError
 from trainflow.contracts import AttemptResult, RunSummary, run_ledger
 from trainflow.orchestrator.failures import Decision
+from trainflow.prefect.records import CheckpointRecord, Launched
 from trainflow.reporting.diagnosis import diagnose
 from trainflow.reporting.figures import summary_metric_rows
 from trainflow.reporting.plots import log_run_plots

@@ -7,8 +7,8 @@ from pathlib import Path
 from prefect import get_run_logger
 
 from tasks import lifecycle_task
-from tasks.records import Provisioned, Ready
 from trainflow.backends.abilities import BuildsImage
+from trainflow.prefect.records import Provisioned, Ready
 from trainflow.repro.environment import fingerprint_environment, workload_repo
 from trainflow.repro.topology import describe_topology
 

@@ -8,11 +8,11 @@ from prefect import get_run_logger
 
 from tasks import lifecycle_task
 from tasks.attempts import open_attempt_run
-from tasks.records import Launched, Provisioned, Ready
 from trainflow.backends import AttemptPlan
 from trainflow.backends.abilities import SharesScratch
 from trainflow.checkpoint.catalog import Committed, latest_verified
 from trainflow.checkpoint.storage import StorageError
+from trainflow.prefect.records import Launched, Provisioned, Ready
 from trainflow.repro.environment import Environment
 from trainflow.spec import RunSpec
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from prefect import get_run_logger
 
 from tasks import lifecycle_task
-from tasks.records import Provisioned, RunRecord
 from trainflow.backends import launcher_for
 from trainflow.backends.abilities import BindsStatusElsewhere
 from trainflow.checkpoint.storage import open_storage
@@ -13,6 +12,7 @@ from trainflow.home import resolve_checkpoint_uri, runs_root
 from trainflow.orchestrator.live import LiveRun
 from trainflow.orchestrator.orphans import reap_stale_runs, write_marker
 from trainflow.orchestrator.status import StatusServer
+from trainflow.prefect.records import Provisioned, RunRecord
 from trainflow.reporting.tracking import Tracker
 
 

@@ -15,9 +15,10 @@ from uuid import UUID
 from prefect import get_run_logger
 from prefect.settings import PREFECT_API_URL
 
-from tasks import lifecycle_task, quota_api
-from tasks.records import RunRecord
+from tasks import lifecycle_task
 from trainflow.orchestrator.interrupts import signals_deferred
+from trainflow.prefect import concurrency_limits
+from trainflow.prefect.records import RunRecord
 from trainflow.quota import (
     LIMIT_PREFIX,
     TEMPORARY_SERVER_ENV,
@@ -33,7 +34,7 @@ from trainflow.quota import (
 from trainflow.reporting.tracking import Tracker
 
 POLL_S = 2.0  # how often a queued run asks again; the server's Retry-After can be far longer
-RENEW_EVERY_S = quota_api.LEASE_S / 4
+RENEW_EVERY_S = concurrency_limits.LEASE_S / 4
 RELEASE_RETRY_DELAYS_S = (1.0, 2.0, 4.0, 8.0)  # a server restarting answers again within these
 
 
@@ -62,7 +63,7 @@ def wait_for_quota(record: RunRecord) -> HeldQuota | None:
         return None
     give_back_dead_holders(logger)
     need = QuotaNeed.of(spec)
-    limit = quota_api.read_limit(need.limit)
+    limit = concurrency_limits.read_limit(need.limit)
     if limit is None or not limit.active:
         logger.info("team %s has no quota (%s): not limited", need.team, need.limit)
         return None
@@ -101,7 +102,7 @@ def _take_when_free(need: QuotaNeed, record: RunRecord, logger) -> tuple[QuotaLe
     while lease is None:
         try:
             with signals_deferred():  # a lease taken is also written down, so a later run can give it back
-                lease_id = quota_api.try_acquire(need.limit, need.devices, holder)
+                lease_id = concurrency_limits.try_acquire(need.limit, need.devices, holder)
                 if lease_id is not None:
                     lease = QuotaLease(need.limit, need.devices, lease_id, time.monotonic() - started)
                     write_lease_file(record.run_id, lease)
@@ -111,7 +112,7 @@ def _take_when_free(need: QuotaNeed, record: RunRecord, logger) -> tuple[QuotaLe
             raise
         if lease is None:
             if held_when_queued is None:
-                current = quota_api.read_limit(need.limit)
+                current = concurrency_limits.read_limit(need.limit)
                 held_when_queued = current.held if current else 0
                 logger.warning(
                     "%s; waiting until the team's runs give devices back (`trainflow quota list` "
@@ -182,27 +183,27 @@ def give_back_verified(held: HeldQuota) -> tuple[str, int]:
     are taken off directly, as many as it counts beyond the other holding runs') or EXPIRED (the server
     revoked the lease itself, devices included). Raises when it cannot be done."""
     lease = held.lease
-    if not quota_api.lease_exists(lease.lease_id):
-        counted = quota_api.counted_without_lease(lease.limit, lease.devices, _own(held))
+    if not concurrency_limits.lease_exists(lease.lease_id):
+        counted = concurrency_limits.counted_without_lease(lease.limit, lease.devices, _own(held))
         if counted:
-            quota_api.give_back_slots(lease.limit, counted)
+            concurrency_limits.give_back_slots(lease.limit, counted)
             return LOST_LEASE, counted
         return EXPIRED, 0
-    quota_api.release(lease.lease_id)
-    if quota_api.lease_exists(lease.lease_id):
+    concurrency_limits.release(lease.lease_id)
+    if concurrency_limits.lease_exists(lease.lease_id):
         raise RuntimeError(f"the server still holds lease {lease.lease_id} after its release")
     return RELEASED, lease.devices
 
 
 def _give_back(lease: QuotaLease, run_id: str) -> None:
-    quota_api.release(lease.lease_id)
+    concurrency_limits.release(lease.lease_id)
     remove_lease_file(run_id)
 
 
 def give_back_dead_holders(logger) -> None:
     """Slots a dead orchestrator held go back now, not when its lease runs out."""
     for dead in dead_holders():
-        quota_api.release(dead.lease_id)
+        concurrency_limits.release(dead.lease_id)
         remove_lease_file(dead.run_id)
         logger.warning(
             "quota %s: gave back %d devices of run %s, whose orchestrator died", dead.limit, dead.devices, dead.run_id
@@ -212,7 +213,7 @@ def give_back_dead_holders(logger) -> None:
 def _renew_until_stopped(held: HeldQuota, logger) -> None:
     while not held.stop.wait(RENEW_EVERY_S):
         try:
-            if not quota_api.lease_exists(held.lease.lease_id):
+            if not concurrency_limits.lease_exists(held.lease.lease_id):
                 _lease_again(held, logger)
         except Exception as exc:  # noqa: BLE001 - a missed renewal is retried; the lease outlasts several
             logger.warning("quota %s: lease renewal failed (%s); retrying", held.lease.limit, exc)
@@ -223,10 +224,10 @@ def _lease_again(held: HeldQuota, logger) -> None:
     lease: take them off, then take a new lease for the run; expired, the server gave them back already:
     take a new lease. Until one is taken, the renewal and the release check again."""
     lease = held.lease
-    counted = quota_api.counted_without_lease(lease.limit, lease.devices, _own(held))
+    counted = concurrency_limits.counted_without_lease(lease.limit, lease.devices, _own(held))
     if counted:
-        quota_api.give_back_slots(lease.limit, counted)
-    lease_id = quota_api.try_acquire(lease.limit, lease.devices, held.holder)
+        concurrency_limits.give_back_slots(lease.limit, counted)
+    lease_id = concurrency_limits.try_acquire(lease.limit, lease.devices, held.holder)
     if lease_id is None:
         logger.warning(
             "quota %s: the server lost the run's lease and its %d devices are taken meanwhile; "

@@ -11,7 +11,6 @@ from __future__ import annotations
 from prefect import get_run_logger
 
 from tasks import lifecycle_task
-from tasks.records import CheckpointRecord, Launched
 from trainflow.checkpoint.catalog import (
     Committed,
     abort_stale_uploads,
@@ -21,6 +20,7 @@ from trainflow.checkpoint.catalog import (
 )
 from trainflow.checkpoint.manifest import ManifestError
 from trainflow.checkpoint.storage import StorageError
+from trainflow.prefect.records import CheckpointRecord, Launched
 
 TIMINGS = ("stage_s", "save_s", "hash_s", "upload_s", "commit_s")
 

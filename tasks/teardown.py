@@ -12,12 +12,12 @@ from typing import TypeVar
 from prefect import get_run_logger
 
 from tasks import lifecycle_task
-from tasks.records import Launched, Provisioned, RunRecord
 from trainflow.checkpoint.catalog import latest_verified
 from trainflow.checkpoint.keep_local import keep_newer_local_checkpoints
 from trainflow.checkpoint.storage import StorageError
 from trainflow.home import trainflow_home
 from trainflow.orchestrator.orphans import clear_unprovisioned
+from trainflow.prefect.records import Launched, Provisioned, RunRecord
 from trainflow.reporting.tracking import PARENT_TAG, Tracker, tracking_uri_for
 from trainflow.spec import RunSpec
 

@@ -9,7 +9,7 @@ from prefect import get_client, get_run_logger
 from prefect.runtime import deployment, flow_run
 
 from tasks import lifecycle_task
-from tasks.records import RunRecord
+from trainflow.prefect.records import RunRecord
 from trainflow.reporting.audit import origin_tags
 from trainflow.reporting.tracking import Tracker, spec_params, tracking_uri_for
 from trainflow.repro.rerun import DRIFT_ARTIFACT, code_snapshot, current_lineage

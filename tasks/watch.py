@@ -6,11 +6,7 @@ from prefect import get_run_logger
 from prefect.states import State
 
 from tasks import lifecycle_task
-from tasks.attempt_states import watched
 from tasks.attempts import STOP_GRACE_S
-from tasks.output_tail import sampled_output
-from tasks.records import Launched
-from tasks.reporting import report_progress
 from trainflow.checkpoint.plain_copies import read_restores
 from trainflow.checkpoint.storage import StorageError
 from trainflow.contracts.status_protocol import Checkpoint, Error, Layout, Preempted, Restored
@@ -21,6 +17,10 @@ from trainflow.orchestrator.plain_copies import CopyFeed
 from trainflow.orchestrator.status import RankReport
 from trainflow.orchestrator.stragglers import Straggler
 from trainflow.orchestrator.watcher import AttemptWatcher, WatchLimits
+from trainflow.prefect.attempt_states import watched
+from trainflow.prefect.output_tail import sampled_output
+from trainflow.prefect.records import Launched
+from trainflow.prefect.ui import report_progress
 from trainflow.reporting.tracking_writes import metric_name_problem
 
 

@@ -11,7 +11,7 @@ from trainflow.checkpoint.catalog import latest_verified
 from trainflow.checkpoint.storage import StorageError, open_storage
 from trainflow.entrypoint_check import compile_problem, imports_runtime
 from trainflow.home import resolve_checkpoint_uri
-from trainflow.prefect_api import unreachable_server
+from trainflow.prefect.rest import unreachable_server
 from trainflow.spec import RunSpec, SpecError, WorkloadMode
 
 

@@ -101,7 +101,7 @@ def temporary_server(proc: subprocess.Popen) -> tuple[psutil.Process, int]:
     """The run's temporary Prefect server and its port."""
     for child in psutil.Process(proc.pid).children():
         command = child.cmdline()
-        if "trainflow.prefect_server" in command:
+        if "trainflow.prefect.server" in command:
             return child, int(command[-1])
     raise AssertionError("no temporary Prefect server among the run's children")
 

@@ -9,9 +9,9 @@ import sqlite3
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.records import RunRecord
 from tasks.teardown import close_tracking
 from tests.conftest import ROOT
+from trainflow.prefect.records import RunRecord
 from trainflow.reporting.tracking import Tracker
 from trainflow.spec import load_spec
 

@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from trainflow.prefect_server import TemporaryServer
+from trainflow.prefect.server import TemporaryServer
 
 pytestmark = pytest.mark.integration
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from tasks.attempt_states import decided, failed_attempts, watched
 from tests.unit.test_ledger import summary_of
 from trainflow.contracts import AttemptResult, Outcome
 from trainflow.orchestrator.failures import Decision
+from trainflow.prefect.attempt_states import decided, failed_attempts, watched
 
 
 def attempt(number: int, outcome: Outcome, last_step: int, reason: str, resumed: int = 0) -> AttemptResult:

@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from trainflow.cli import app
-from trainflow.reporting.audit import AuditError, add_events, launched_via, origin_tags, read_trail, without_credentials
+from trainflow.prefect.audit_events import add_events
+from trainflow.reporting.audit import AuditError, launched_via, origin_tags, read_trail, without_credentials
 from trainflow.reporting.audit_render import render_trail
 from trainflow.reporting.tracking import Tracker
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainflow.capacity import local_capacity_problem
+from trainflow.backends.local.capacity import local_capacity_problem
 from trainflow.spec import Resources
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from tasks import output_tail
-from tasks.output_tail import OutputTail
+from trainflow.prefect import output_tail
+from trainflow.prefect.output_tail import OutputTail
 
 
 class Lines(logging.Handler):

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from tasks import reporting
+from trainflow.prefect import ui
 
 
 def test_recovered_names_the_first_step_and_the_time_to_it(monkeypatch):
     emitted = []
-    monkeypatch.setattr(reporting, "_emit", lambda event, record, payload: emitted.append((event, payload)))
+    monkeypatch.setattr(ui, "_emit", lambda event, record, payload: emitted.append((event, payload)))
     record = SimpleNamespace(run_id="digits-x")
-    report = reporting.RunReport("digits", 60, failure_detected_at=100.0)
-    monkeypatch.setitem(reporting._reports, "digits-x", report)
+    report = ui.RunReport("digits", 60, failure_detected_at=100.0)
+    monkeypatch.setitem(ui._reports, "digits-x", report)
     # a node's figures sit at step 0; the attempt resumed from step 20 and its first step is 21
     rows = [("system/node_0/cpu_percent", 50.0, 0, 107.0), ("loss", 0.9, 21, 108.25), ("loss", 0.8, 22, 108.5)]
-    reporting.report_progress(record, 2, rows)
-    assert emitted == [(reporting.ATTEMPT_RECOVERED, {"attempt": 2, "step": 21, "recovery_s": 8.25})]
-    reporting.report_progress(record, 2, [("loss", 0.7, 23, 109.0)])
+    ui.report_progress(record, 2, rows)
+    assert emitted == [(ui.ATTEMPT_RECOVERED, {"attempt": 2, "step": 21, "recovery_s": 8.25})]
+    ui.report_progress(record, 2, [("loss", 0.7, 23, 109.0)])
     assert len(emitted) == 1  # once an attempt

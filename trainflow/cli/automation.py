@@ -27,7 +27,7 @@ def automation_install(
     as_json: Annotated[bool, typer.Option("--json", help="End with one JSON line: what was installed.")] = False,
 ) -> None:
     """Notify on every failed attempt and failed run, through a webhook or a notification block."""
-    from tasks.automation import AutomationError, install
+    from trainflow.prefect.automation import AutomationError, install
 
     try:
         installed = install(name=name, webhook_url=webhook_url, block=block)

@@ -37,9 +37,9 @@ def _team_limit(team: str) -> str:
 
 
 def _api():
-    from tasks import quota_api  # Prefect's client only for the commands that talk to the server
+    from trainflow.prefect import concurrency_limits  # Prefect's client only for the commands that talk to the server
 
-    return quota_api
+    return concurrency_limits
 
 
 @contextmanager

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import typer
 
 from trainflow.cli.output import EXIT_FAILED
-from trainflow.prefect_server import (
+from trainflow.prefect.server import (
     STARTUP_TIMEOUT_ENV,
     STARTUP_TIMEOUT_S,
     ServerError,

@@ -73,7 +73,7 @@ def usage(
 
 def _compare_limits(report) -> None:
     """Each team's device limit beside its peak, when a Prefect server answers at PREFECT_API_URL."""
-    from trainflow.prefect_api import PrefectApiError, api_url, team_limits
+    from trainflow.prefect.rest import PrefectApiError, api_url, team_limits
     from trainflow.reporting.usage import GroupBy, compare_limits
 
     api = api_url()
@@ -93,8 +93,9 @@ def audit(
     as_json: Annotated[bool, typer.Option("--json", help="Print the trail as one JSON object.")] = False,
 ) -> None:
     """Who launched a run, from where and with what; its reruns, attempts and Prefect events."""
-    from trainflow.prefect_api import api_url
-    from trainflow.reporting.audit import AuditError, add_events, read_trail
+    from trainflow.prefect.audit_events import add_events
+    from trainflow.prefect.rest import api_url
+    from trainflow.reporting.audit import AuditError, read_trail
     from trainflow.reporting.audit_render import render_trail
 
     try:

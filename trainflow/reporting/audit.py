@@ -210,35 +210,3 @@ def read_trail(tracking_uri: str, run_ref: str) -> AuditTrail:
         params=params,
         attempts=_attempts(client, run),
     )
-
-
-def add_events(trail: AuditTrail, api: str | None) -> None:
-    """The Prefect events of the run's flow run, when a server is reachable at `api`."""
-    from trainflow.prefect_api import PrefectApiError, flow_run_events
-
-    flow_run_id = trail.identity.get("prefect_flow_run_id")
-    if not flow_run_id:
-        trail.events_note = "the run recorded no Prefect flow run"
-        return
-    if not api:
-        trail.events_note = "Prefect events not read: PREFECT_API_URL is not set"
-        return
-    try:
-        events = flow_run_events(api, flow_run_id, since=trail.started_at / 1000)
-    except PrefectApiError as exc:
-        trail.events_note = f"Prefect events not read: {exc}"
-        return
-    trail.events = [
-        # a task run by its name (watch-attempt-1), not its id
-        EventTrail(
-            e.get("occurred", ""),
-            e.get("event", ""),
-            (
-                e.get("resource", {}).get("prefect.resource.name")
-                or e.get("resource", {}).get("prefect.resource.id", "")
-            ),
-            e.get("payload") or {},
-        )
-        for e in events
-    ]
-    trail.events_note = f"{len(trail.events)} event(s) of flow run {flow_run_id}"

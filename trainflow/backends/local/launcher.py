@@ -25,6 +25,7 @@ from trainflow.backends.local.agent_command import (
     torchrun_arguments,
 )
 from trainflow.backends.local.allocation import LocalAllocation
+from trainflow.backends.local.capacity import local_capacity_problem
 from trainflow.backends.local.config import LocalNetwork, local_config
 from trainflow.backends.local.observe import alive, node_state, node_workers, rank_stacks, session_members
 from trainflow.backends.local.warm_pools import close_pools, head_start, start_pools
@@ -36,7 +37,6 @@ from trainflow.backends.rank_records import RECORDS_ENV, read_exits, read_ranks,
 from trainflow.backends.store_sockets import LISTEN_FD_ENV, listening_socket
 from trainflow.backends.torchrun_report import failed_ranks_with_evidence, log_tail, root_cause_exitcode
 from trainflow.backends.worker import worker_config
-from trainflow.capacity import local_capacity_problem
 from trainflow.home import runs_root
 from trainflow.private_files import open_private, private_folder
 from trainflow.spec import RunSpec, SpecError

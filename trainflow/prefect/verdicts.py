@@ -1,12 +1,12 @@
 """Publish the verdict of a drill, a soak or a rerun where people look: a markdown artifact on the
 flow run in Prefect, and tags and a report on the faulted (or rerun) MLflow run. Reporting never
-fails the flow that made the verdict (see tasks/reporting.py)."""
+fails the flow that made the verdict (see trainflow/prefect/ui.py)."""
 
 from __future__ import annotations
 
 from prefect.artifacts import create_markdown_artifact
 
-from tasks.reporting import best_effort
+from trainflow.prefect.ui import best_effort
 from trainflow.reporting import verdicts
 from trainflow.reporting.tracking import Tracker
 

@@ -17,7 +17,10 @@ from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.events import emit_event
 
-from tasks.automation import (
+from trainflow.contracts import AttemptResult, Outcome, RunSummary
+from trainflow.contracts.ledger import milliseconds, percent, seconds
+from trainflow.orchestrator.failures import Decision
+from trainflow.prefect.automation import (
     ATTEMPT_FAILED,
     ATTEMPT_RECOVERED,
     CHECKPOINT_COMMITTED,
@@ -25,10 +28,7 @@ from tasks.automation import (
     RUN_FAILED,
     RUN_SUCCEEDED,
 )
-from tasks.records import CheckpointRecord, RunRecord
-from trainflow.contracts import AttemptResult, Outcome, RunSummary
-from trainflow.contracts.ledger import milliseconds, percent, seconds
-from trainflow.orchestrator.failures import Decision
+from trainflow.prefect.records import CheckpointRecord, RunRecord
 from trainflow.reporting.plots import plots_markdown
 from trainflow.reporting.summary import OTHER_DURATIONS, WALL_TIME, flow_run_url, mlflow_ui_command, public_uri
 

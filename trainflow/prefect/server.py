@@ -12,7 +12,7 @@ of them fails on what the other made. Starting a server takes a file lock in PRE
 answers, so the first sets the database up and the next starts on it. Both keep that one database
 (not one each): it is where a person reopens the runs in the Prefect UI afterwards.
 
-Run as `python -m trainflow.prefect_server PARENT_PID PORT` by `TemporaryServer.start()`.
+Run as `python -m trainflow.prefect.server PARENT_PID PORT` by `TemporaryServer.start()`.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class TemporaryServer:
         for _ in range(PORT_ATTEMPTS):
             self.port = free_port()
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "trainflow.prefect_server", str(os.getpid()), str(self.port)],
+                [sys.executable, "-m", "trainflow.prefect.server", str(os.getpid()), str(self.port)],
                 env=_server_environment(),
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
@@ -94,8 +94,9 @@ class TemporaryServer:
         raise ServerError(self._failure(timeout_s))
 
     def _wait_healthy(self, deadline: float) -> bool:
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+        process = self.process
+        while process is not None and time.monotonic() < deadline:
+            if process.poll() is not None:
                 return False
             try:
                 with urllib.request.urlopen(f"{self.api_url}/health", timeout=5) as response:
