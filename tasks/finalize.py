@@ -14,7 +14,6 @@ from trainflow.reporting.diagnosis import diagnose
 from trainflow.reporting.figures import summary_metric_rows
 from trainflow.reporting.plots import log_run_plots
 from trainflow.reporting.summary import run_status
-from trainflow.workload_mode import features_off
 
 
 def checkpoint_index(storage: Storage, run_id: str) -> list[dict]:
@@ -66,7 +65,7 @@ def finalize(
         attempts=ledger.attempts,
         stragglers=[s.as_dict() for s in stragglers],
         goodput=ledger.figures.goodput,
-        features_off=features_off(spec),  # workload.mode plain: what needs trainflow.runtime
+        features_off=spec.workload.features_off(),  # workload.mode plain: what needs trainflow.runtime
         costs=ledger.figures,
         diagnosis=diagnose(ledger.figures, stragglers),
         plots=[],

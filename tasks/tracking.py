@@ -14,7 +14,6 @@ from trainflow.reporting.audit import origin_tags
 from trainflow.reporting.tracking import Tracker, spec_params, tracking_uri_for
 from trainflow.repro.rerun import DRIFT_ARTIFACT, code_snapshot, current_lineage
 from trainflow.spec import RunSpec
-from trainflow.workload_mode import features_off
 
 
 def deployment_name() -> str | None:
@@ -64,7 +63,7 @@ def start_tracking(spec: RunSpec, resume: bool, run_id: str) -> RunRecord:
             "prefect_flow_run_id": flow_run_id,
             "resume": str(resume).lower(),
             "workload_mode": spec.workload.mode.value,
-            "features_off": ",".join(features_off(spec)) or "none",
+            "features_off": ",".join(spec.workload.features_off()) or "none",
             **code_snapshot(spec),  # what a rerun compares besides the environment fingerprint
             **(lineage.tags() if lineage else {}),
             **origin_tags(deployment_name()),  # who launched it, from where (trainflow audit)

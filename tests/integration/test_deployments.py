@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import http.server
 import json
+import re
 import subprocess
 import threading
 import time
@@ -302,6 +303,10 @@ def test_audit_of_a_deployment_run_names_the_deployment_and_its_events(deployed,
     assert [a["outcome"] for a in trail["attempts"]] == ["CRASHED", "SUCCEEDED"]
     events = [e["event"] for e in trail["events"]]
     assert "prefect.flow-run.Running" in events and "trainflow.run.succeeded" in events, events
+    # each event names what it is about as a person would: the task run, not its UUID
+    resources = {e["resource"] for e in trail["events"]}
+    assert not [r for r in resources if re.search(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-", r)], resources
+    assert {"watch-attempt-1", "watch-attempt-2"} <= resources, resources
 
 
 def test_usage_report_deployment_publishes_the_usage_table(deployed, train_run):

@@ -15,6 +15,17 @@ class WorkloadMode(str, Enum):
     plain = "plain"  # a plain torchrun script: launched and watched by its exits only
 
 
+# what needs `trainflow.runtime` inside the workers, and a plain script therefore goes without (node
+# loss does not: a node's relay heartbeats whatever its ranks run)
+RUNTIME_FEATURES = (
+    "progress",  # steps, loss and metrics in MLflow; the progress artifact
+    "hang_detection",  # no step progress for hang_timeout_s (exits, signals, preemption still count)
+    "checkpoints",  # trainflow's checkpoints, restore and exact resume
+    "divergence_check",
+    "stragglers",
+)
+
+
 class PlainScript(Section):
     """A plain script's own checkpoints: where it writes them and how it is told to resume."""
 
@@ -87,3 +98,7 @@ class Workload(Section):
                 "checkpoints through trainflow.runtime)"
             )
         return self
+
+    def features_off(self) -> list[str]:
+        """What this workload goes without, as the run records it (MLflow tag and summary `features_off`)."""
+        return list(RUNTIME_FEATURES) if self.mode == WorkloadMode.plain else []
