@@ -137,3 +137,35 @@ def test_events_print_task_names_and_trainflows_own_payloads_whole():
     assert "watch-attempt-1" in task and task.endswith("...")
     [own] = [line for line in lines if "trainflow.attempt.failed" in line]
     assert reason in own
+
+
+def test_events_name_each_resource_by_its_newest_name_never_its_id():
+    from trainflow.prefect.audit_events import resource_names
+
+    task, flow_run, artifact = "prefect.task-run.0f1e", "prefect.flow-run.9a8b", "prefect.artifact.77aa"
+    events = [  # oldest first, as Prefect sends them
+        {
+            "event": "prefect.task-run.Pending",
+            "resource": {"prefect.resource.id": task, "prefect.resource.name": "watch-attempt-3f2"},
+        },
+        {
+            "event": "prefect.task-run.Running",
+            "resource": {"prefect.resource.id": task, "prefect.resource.name": "watch-attempt-1"},
+            "related": [
+                {
+                    "prefect.resource.id": flow_run,
+                    "prefect.resource.name": "digits-20261207",
+                    "prefect.resource.role": "flow-run",
+                }
+            ],
+        },
+        {"event": "prefect.flow-run.heartbeat", "resource": {"prefect.resource.id": flow_run}},
+        {
+            "event": "prefect.artifact.created",
+            "resource": {"prefect.resource.id": artifact},
+            "payload": {"type": "progress"},
+        },
+        {"event": "prefect.artifact.updated", "resource": {"prefect.resource.id": artifact}, "payload": {"data": 40.0}},
+    ]
+    names = resource_names(events)
+    assert names == {task: "watch-attempt-1", flow_run: "digits-20261207", artifact: "progress artifact"}

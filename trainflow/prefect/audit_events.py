@@ -21,17 +21,33 @@ def add_events(trail: AuditTrail, api: str | None) -> None:
     except PrefectApiError as exc:
         trail.events_note = f"Prefect events not read: {exc}"
         return
+    names = resource_names(events)
     trail.events = [
-        # a task run by its name (watch-attempt-1), not its id
         EventTrail(
             e.get("occurred", ""),
             e.get("event", ""),
-            (
-                e.get("resource", {}).get("prefect.resource.name")
-                or e.get("resource", {}).get("prefect.resource.id", "")
-            ),
+            names.get(_id(e.get("resource", {})), _id(e.get("resource", {}))),
             e.get("payload") or {},
         )
         for e in events
     ]
     trail.events_note = f"{len(trail.events)} event(s) of flow run {flow_run_id}"
+
+
+def resource_names(events: list[dict]) -> dict[str, str]:
+    """Each resource's newest name among the events, oldest first: as their resource or a related
+    one. A task run is named by its task until it starts, then by its run name (watch-attempt-1); a
+    flow run's or an artifact's later events may carry no name at all, and take the one given before."""
+    names: dict[str, str] = {}
+    for event in events:
+        resource = event.get("resource", {})
+        for named in (resource, *event.get("related", [])):
+            if named.get("prefect.resource.name") and _id(named):
+                names[_id(named)] = named["prefect.resource.name"]
+        if event.get("event") == "prefect.artifact.created" and _id(resource) not in names:
+            names[_id(resource)] = f"{(event.get('payload') or {}).get('type') or 'an'} artifact"
+    return names
+
+
+def _id(resource: dict) -> str:
+    return resource.get("prefect.resource.id", "")

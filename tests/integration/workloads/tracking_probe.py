@@ -6,6 +6,7 @@ the tracking store."""
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -26,8 +27,10 @@ def main() -> None:
     def after_step(run, model, step: int) -> None:
         if args.metric_name:
             run.log(**{args.metric_name: float(step)})
-        if run.rank == 0:
-            args.progress.write_text(str(step))
+        if run.rank == 0:  # whole or not at all: the test reads it while training goes on
+            written = args.progress.with_name(f".{args.progress.name}.tmp")
+            written.write_text(str(step))
+            os.replace(written, args.progress)
         time.sleep(args.step_pause_s)
         if step == args.hold_at_step:
             deadline = time.monotonic() + RELEASE_DEADLINE_S
