@@ -16,6 +16,17 @@ SPEC = "examples/digits/spec.yaml"
 JOB = ["--set", "workload.steps=20", "--set", "checkpoint.every_steps=5", "--set", "resources.warm_workers=false"]
 
 
+def fails_once(marker, step: int, say: str) -> list[str]:
+    """Overrides for a job whose rank 1 says `say` on its stderr and exits 3 the first time it reaches `step`."""
+    args = ["--fail-at-step", str(step), "--marker", str(marker), "--say", say]
+    return [
+        "--set",
+        "workload.entrypoint=tests/integration/workloads/fail_once.py",
+        "--set",
+        f"workload.args={json.dumps(args)}",
+    ]
+
+
 def attempt_reasons(summary: dict) -> list[str]:
     client = MlflowClient(summary["tracking_uri"])
     return [run.data.tags["reason"] for run in attempt_runs(client, summary)]
@@ -51,17 +62,12 @@ def test_a_rule_by_exit_code_stops_a_run_the_restart_budget_would_retry(cli_env)
 
 
 def test_a_rule_by_log_pattern_retries_a_run_the_built_in_policy_would_stop(cli_env, tmp_path):
-    marker = tmp_path / "failed-once"
-    args = ["--fail-at-step", "7", "--marker", str(marker), "--say", "fabric: link 3 flapped, try again"]
     result = run_cli(
         [
             "run",
             SPEC,
             *JOB,
-            "--set",
-            "workload.entrypoint=tests/integration/workloads/fail_once.py",
-            "--set",
-            f"workload.args={json.dumps(args)}",
+            *fails_once(tmp_path / "failed-once", 7, "fabric: link 3 flapped, try again"),
             "--set",
             "fault_tolerance.max_restarts=0",  # a crash alone would end the run
             "--set",

@@ -4,34 +4,22 @@ place), resuming from the last checkpoint."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from tests.integration.conftest import job_processes, run_cli, summary_of
+from tests.integration.test_retry_rules import fails_once
 from tests.slurm.test_lifecycle import ON_SLURM, SPEC, hostnames, last_run_jobs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm, pytest.mark.timeout(600)]
 
 
 def test_a_rule_excludes_the_node_whose_rank_reported_a_bad_device(slurm_env, slurm_cluster, tmp_path):
-    args = [
-        "--fail-at-step",
-        "15",
-        "--marker",
-        str(tmp_path / "failed-once"),
-        "--say",
-        "GPU 0: uncorrectable ECC error",
-    ]
     result = run_cli(
         [
             "run",
             SPEC,
             *ON_SLURM,
-            "--set",
-            "workload.entrypoint=tests/integration/workloads/fail_once.py",
-            "--set",
-            f"workload.args={json.dumps(args)}",
+            *fails_once(tmp_path / "failed-once", 15, "GPU 0: uncorrectable ECC error"),
             "--set",
             "fault_tolerance.rules=[{log_pattern: 'uncorrectable ECC', action: exclude_node}]",
             "--json",
