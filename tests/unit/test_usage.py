@@ -6,7 +6,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shutil
 import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -59,11 +61,25 @@ RUNS = [
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch):
-    """Three lifecycle runs and their attempts, recorded with trainflow's own tracker."""
+def store(recorded: Path, tmp_path, monkeypatch):
+    """A copy of the recorded store of its own for each test, under a home of its own."""
     monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    tracker = Tracker(uri)
+    shutil.copyfile(recorded, tmp_path / "mlflow.db")
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> Path:
+    """Three lifecycle runs and their attempts, recorded once with trainflow's own tracker."""
+    folder = tmp_path_factory.mktemp("usage")
+    path = folder / "mlflow.db"
+    with pytest.MonkeyPatch.context() as patch:  # the artifacts go under this home, not the user's
+        patch.setenv("TRAINFLOW_HOME", str(folder / "home"))
+        _record(Tracker(f"sqlite:///{path}"))
+    return path
+
+
+def _record(tracker: Tracker) -> None:
     for index, (
         experiment,
         team,
@@ -111,7 +127,6 @@ def store(tmp_path, monkeypatch):
     unfinished = tracker.start_run("digits", "killed", {"team": "vision", "trainflow.run_id": "killed"})
     tracker.log_params(unfinished, {"world_size": 2})
     tracker.end_run(unfinished, "KILLED")
-    return uri
 
 
 def test_groups_sum_what_each_run_recorded(store):

@@ -409,9 +409,12 @@ class ScriptedExits(StandInLauncher):
         super().__init__(2)
         self.script = script
         self.polls = 0
+        self.at_the_end = lambda: None  # called once, when the script reaches its last line
 
     def poll(self, handle):
         self.polls += 1
+        if self.polls == len(self.script):
+            self.at_the_end()
         return list(self.script[min(self.polls, len(self.script)) - 1])
 
 
@@ -523,6 +526,7 @@ def test_a_plain_scripts_node_whose_relay_closed_its_stream_is_judged_by_its_exi
     try:
         gone.close(timeout=2)  # its agent is on its way out: the exit, not the silence, decides
         launcher = ScriptedExits([[NodeExit(0, None), NodeExit(1, None)]] * 150 + [[NodeExit(0, 0), NodeExit(1, 0)]])
+        launcher.at_the_end = lambda: live.close(timeout=2)  # node 0's agent ends with its relay
         result = plain_watcher(channel, launcher).run(poll_s=0.02)
         assert result.outcome == Outcome.SUCCEEDED, result.reason
     finally:
