@@ -42,9 +42,11 @@ check: $(STAMP)
 	PYTHONPATH=$(CURDIR) $(BIN)/lint-imports
 	$(BIN)/python -m pytest --without-processes -q tests/unit
 
-# Every test, both tiers (CI).
+# Every test, both tiers (CI), on TEST_WORKERS workers: most tests wait on processes, not the CPU.
+# Each worker runs whole modules (the Slurm tests together), see tests/conftest.py.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup tests
 
 # A local Slurm cluster (root): munged, slurmctld and 3 slurmd, each in its own network namespace;
 # installs Debian's slurmctld, slurmd, slurm-client and munge when missing. Then export SLURM_CONF.

@@ -55,6 +55,9 @@ PROCESS_UNIT_MODULES = (
 )
 
 
+FINISHED_RUNS_READERS = ("test_notebook.py", "test_rerun.py", "test_usage_audit.py")
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--without-processes",
@@ -67,10 +70,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _starts_processes(item.path):
             item.add_marker(PROCESSES)
+        item.add_marker(pytest.mark.xdist_group(_group(item.path)))
     if config.getoption("--without-processes"):
         kept = [item for item in items if item.get_closest_marker(PROCESSES) is None]
         config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker(PROCESSES)])
         items[:] = kept
+
+
+def _group(path: Path) -> str:
+    """The tests one worker runs in a row (`make test` runs two workers, `--dist loadgroup`): a
+    module's tests share its fixtures; the Slurm tests share one cluster; the modules that read the
+    session's finished runs share them."""
+    relative = path.relative_to(TESTS) if path.is_relative_to(TESTS) else path
+    if relative.parts[0] == "slurm":
+        return "slurm"
+    if relative.parts[0] == "integration" and relative.name in FINISHED_RUNS_READERS:
+        return "finished-runs"
+    return str(relative)
 
 
 def _starts_processes(path: Path) -> bool:
@@ -110,7 +126,10 @@ def _no_process_in_the_fast_tier(request: pytest.FixtureRequest, monkeypatch: py
 def pytest_sessionfinish(session, exitstatus) -> None:
     """Every fixture has been torn down by now. A child still running was left by a test that
     failed half-way; multiprocessing would wait for it at exit and the session would never end.
-    Name it and end it (multiprocessing's own resource tracker ends with pytest)."""
+    Name it and end it (multiprocessing's own resource tracker ends with pytest). With workers
+    (`-n`), each worker ends its own; the children of the process that leads them are the workers."""
+    if session.config.getoption("numprocesses", None) and not hasattr(session.config, "workerinput"):
+        return
     leftovers = [p for p in psutil.Process().children(recursive=True) if not _resource_tracker(p)]
     for process in leftovers:
         try:

@@ -7,6 +7,7 @@ import contextlib
 import json
 import subprocess
 import uuid
+from pathlib import Path
 
 import psutil
 import pytest
@@ -103,11 +104,13 @@ def job_processes(run_id: str) -> list[psutil.Process]:
     return found
 
 
-def trainflow_processes() -> list[psutil.Process]:
+def processes_of(home: str | Path) -> list[psutil.Process]:
+    """Every live process started for this TRAINFLOW_HOME: the CLI, its server, torchrun agents and
+    workers (other tests' processes, on this worker or another, are not counted)."""
     found = []
     for proc in psutil.process_iter():
         try:
-            if JOB_ENV in proc.environ() and proc.status() != psutil.STATUS_ZOMBIE:
+            if proc.environ().get("TRAINFLOW_HOME") == str(home) and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         except psutil.Error:
             continue

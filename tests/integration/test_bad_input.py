@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import os
 
-import psutil
 import pytest
 
-from tests.integration.conftest import run_cli
+from tests.integration.conftest import processes_of, run_cli
 from trainflow.backends.ports import free_port
 
 pytestmark = pytest.mark.integration
@@ -110,17 +109,6 @@ def _spec_with_a_key_twice(folder) -> str:
     return str(folder / "twice.yaml")
 
 
-def _processes_of(home: str) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("TRAINFLOW_HOME") == home:
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_exits_2_with_one_line_and_creates_nothing(tmp_path, case):
     (tmp_path / "a-folder").mkdir()
@@ -139,7 +127,7 @@ def test_bad_input_exits_2_with_one_line_and_creates_nothing(tmp_path, case):
     assert len(lines) == 1 and expected in lines[0], result.stderr[-3000:]
     assert not home.exists(), sorted(str(p) for p in home.rglob("*"))
     assert not prefect_home.exists()
-    assert _processes_of(str(home)) == []
+    assert processes_of(home) == []
 
 
 def _refused(result, expected: str) -> dict:
@@ -174,7 +162,7 @@ def test_an_unreachable_prefect_server_is_bad_input_and_nothing_is_created(tmp_p
 
     assert "Connection refused" in answer["error"]
     assert not home.exists(), sorted(str(p) for p in home.rglob("*"))  # no checkpoints/, no mlflow.db
-    assert _processes_of(str(home)) == []
+    assert processes_of(home) == []
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from tests.integration.conftest import run_cli, s3_environment, summary_of, unique_prefix
-from trainflow.backends.netns import NETNS_ETC
+from trainflow.backends.netns import NETNS_ETC, network_tag
 
 pytestmark = pytest.mark.integration
 
@@ -84,19 +84,19 @@ def test_straggler_is_reported_while_training_continues(drill_env):
 
 @pytest.mark.skipif(not can_make_hosts, reason="needs root and iproute2 for network namespaces")
 def test_node_loss_cuts_a_hosts_network_and_recovers(drill_env):
-    before = node_namespaces()
     report = drill(drill_env, "node-loss", "--node", "1")
     assert report["detected_kind"] == "NODE_LOST"
     assert report["detection_latency_s"] <= 4 + 2 + 1  # heartbeat timeout + 2 s, and poll slack
     assert report["params_match_baseline"] is True
     assert report["resources_released"] is True, report["leftovers"]
-    assert node_namespaces() - before == set()
+    assert node_namespaces(report["run_id"]) == set()
 
 
-def node_namespaces() -> set[str]:
-    """trainflow's network namespaces on this machine and their name-service folders."""
+def node_namespaces(run_id: str) -> set[str]:
+    """The run's network namespaces still on this machine and their name-service folders."""
+    prefix = f"tf-{network_tag(run_id)}-"
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout.split()
-    return {n for n in listed if n.startswith("tf-")} | {str(p) for p in NETNS_ETC.glob("tf-*")}
+    return {n for n in listed if n.startswith(prefix)} | {str(p) for p in NETNS_ETC.glob(f"{prefix}*")}
 
 
 @pytest.mark.skipif(not can_make_hosts, reason="needs root and iproute2 for network namespaces")

@@ -10,9 +10,9 @@ from tests.integration.conftest import (
     BUCKET,
     attempt_runs,
     job_processes,
+    processes_of,
     run_cli,
     summary_of,
-    trainflow_processes,
     unique_prefix,
 )
 
@@ -113,7 +113,6 @@ def test_crash_is_retried_from_the_last_committed_checkpoint(cli_env):
     ],
 )
 def test_bad_input_exits_2_and_creates_nothing(cli_env, s3, tmp_path, overrides, field):
-    before = {p.pid for p in trainflow_processes()}
     objects_before = s3.list_objects_v2(Bucket=BUCKET).get("KeyCount", 0)
     args = ["run", SPEC]
     for item in overrides:
@@ -125,7 +124,7 @@ def test_bad_input_exits_2_and_creates_nothing(cli_env, s3, tmp_path, overrides,
     home = tmp_path / "home"
     assert not (home / "mlflow.db").exists() and not (home / "runs").exists()
     assert s3.list_objects_v2(Bucket=BUCKET).get("KeyCount", 0) == objects_before
-    assert {p.pid for p in trainflow_processes()} <= before
+    assert processes_of(home) == []
 
 
 def test_missing_spec_file_exits_2(cli_env, tmp_path):

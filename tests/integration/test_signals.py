@@ -17,7 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import ROOT
-from tests.integration.conftest import BIN
+from tests.integration.conftest import BIN, processes_of
 from trainflow.backends.ports import is_listening
 
 pytestmark = pytest.mark.integration
@@ -104,18 +104,6 @@ def temporary_server(proc: subprocess.Popen) -> tuple[psutil.Process, int]:
         if "trainflow.prefect.server" in command:
             return child, int(command[-1])
     raise AssertionError("no temporary Prefect server among the run's children")
-
-
-def processes_of(home: Path) -> list[psutil.Process]:
-    """Every process started for this home: the CLI, its server, torchrun agents and workers."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("TRAINFLOW_HOME") == str(home) and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
 
 
 def wait_gone(home: Path) -> list[psutil.Process]:

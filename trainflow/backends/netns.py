@@ -41,9 +41,14 @@ def _used_networks() -> list[ipaddress.IPv4Network]:
     return networks
 
 
+def network_tag(run_id: str) -> str:
+    """What names a run's namespaces (`tf-<tag>-<node>`), its bridge and its links."""
+    return hashlib.sha256(run_id.encode()).hexdigest()[:6]
+
+
 class NodeNetwork:
     def __init__(self, run_id: str, nodes: int):
-        self.tag = hashlib.sha256(run_id.encode()).hexdigest()[:6]
+        self.tag = network_tag(run_id)
         self.nodes = nodes
         self.bridge = f"tfb{self.tag}"
         self.subnet = self._pick_subnet()

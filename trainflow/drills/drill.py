@@ -179,6 +179,7 @@ def drill_report(
         and summary.get("params_sha256") == baseline.get("params_sha256"),
         "resources_released": released,
         "goodput": summary.get("goodput"),
+        "run_id": summary.get("run_id"),
         "mlflow_run_id": summary.get("mlflow_run_id"),
         "baseline_mlflow_run_id": baseline.get("mlflow_run_id"),
         "prefect_flow_run_id": summary.get("prefect_flow_run_id"),
