@@ -30,6 +30,7 @@ from trainflow.drills.drill import (
     save_baseline,
 )
 from trainflow.drills.storage_proxy import StorageProxy
+from trainflow.prefect.run_names import given_or
 from trainflow.prefect.verdicts import publish_drill
 from trainflow.repro.environment import fingerprint_environment
 from trainflow.spec import RunSpec, load_spec
@@ -79,7 +80,7 @@ def run_lifecycle(spec: RunSpec, chaos: list[FaultPlan] | None = None) -> dict:
     return summary
 
 
-@flow(name="fault-drill", flow_run_name="{spec.name}-{fault.kind.value}")
+@flow(name="fault-drill", flow_run_name=given_or("{spec.name}-{fault.kind.value}"))
 def fault_drill(spec: RunSpec, fault: FaultPlan, fresh_baseline: bool = False, compare_torchrun: bool = True) -> State:
     """Baseline (reused when one exists for this job and environment), the faulted run, the report."""
     logger = get_run_logger()

@@ -45,12 +45,13 @@ from trainflow.drills.chaos import FaultPlan
 from trainflow.orchestrator.interrupts import signal_name, teardown_not_interrupted
 from trainflow.orchestrator.live import LiveRun
 from trainflow.prefect.attempt_states import failed_attempts, watched_result
+from trainflow.prefect.run_names import given_or
 from trainflow.prefect.ui import report_attempt, report_checkpoint, report_run, start_report
 from trainflow.run_id import checked_run_id, new_run_id
 from trainflow.spec import RunSpec, load_spec
 
 
-@flow(name="training-lifecycle", flow_run_name="{spec.name}")
+@flow(name="training-lifecycle", flow_run_name=given_or("{spec.name}"))
 def training_lifecycle(
     spec: RunSpec,
     resume: bool = Field(
@@ -62,8 +63,9 @@ def training_lifecycle(
     run_id: str | None = Field(
         default=None,
         title="Run id",
-        description="The trainflow run id, which names the flow run, the MLflow run and the checkpoints. "
-        "Default: a new one, the spec's name and a timestamp.",
+        description="The trainflow run id, which names the MLflow run and the checkpoints, and the flow run "
+        "unless you named it (then it is the run's tag run-id:ID). Default: a new one, the spec's name and a "
+        "timestamp.",
     ),
 ):
     """Train `spec` to its last step, recovering from failures; with `resume`, continue from the

@@ -18,6 +18,7 @@ from pydantic import Field
 
 from flows.lifecycle import training_lifecycle
 from trainflow.home import default_tracking_uri
+from trainflow.prefect.run_names import given_or
 from trainflow.prefect.verdicts import publish_rerun
 from trainflow.repro.rerun import Lineage, RecordedRun, check_rerun, load_recorded_run, refusal, rerunning
 
@@ -47,7 +48,7 @@ def check_drift(recorded: RecordedRun) -> list[str]:
     return drift
 
 
-@flow(name="rerun", flow_run_name="rerun-{mlflow_run_id}")
+@flow(name="rerun", flow_run_name=given_or("rerun-{mlflow_run_id}"))
 def rerun_training(
     mlflow_run_id: str = Field(
         pattern=r"^[0-9a-f]{32}$",

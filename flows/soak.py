@@ -19,6 +19,7 @@ from trainflow.drills.chaos import FaultKind, FaultPlan
 from trainflow.drills.cpu_load import cpu_load
 from trainflow.drills.drill import baseline_key, load_baseline, save_baseline
 from trainflow.drills.soak import plan_faults, render_confusion, soak_kinds, soak_report, soak_spec
+from trainflow.prefect.run_names import given_or
 from trainflow.prefect.verdicts import publish_soak
 from trainflow.repro.environment import fingerprint_environment
 from trainflow.spec import RunSpec, load_spec
@@ -39,7 +40,7 @@ def storage_outages(plans: list[FaultPlan]):
         ]
 
 
-@flow(name="soak", flow_run_name="{spec.name}-soak-{faults}-faults")
+@flow(name="soak", flow_run_name=given_or("{spec.name}-soak-{faults}-faults"))
 def soak(
     spec: RunSpec,
     faults: int,

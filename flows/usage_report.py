@@ -21,6 +21,7 @@ from pydantic import Field
 
 from trainflow.home import default_tracking_uri
 from trainflow.prefect.rest import PrefectApiError, team_limits
+from trainflow.prefect.run_names import given_or
 from trainflow.reporting.usage import GroupBy, UsageReport, build_report, compare_limits, parse_since
 from trainflow.reporting.usage_render import render_markdown
 
@@ -62,7 +63,7 @@ def publish(report: UsageReport) -> str:
     return markdown
 
 
-@flow(name="usage-report", flow_run_name="usage-by-{by}")
+@flow(name="usage-report", flow_run_name=given_or("usage-by-{by}"))
 def usage_report(
     by: GroupBy = Field(default=GroupBy.team, title="Group by", description="team, owner or experiment."),
     since: str = Field(

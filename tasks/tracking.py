@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from uuid import UUID
 
-from prefect import get_client, get_run_logger
+from prefect import get_run_logger
 from prefect.runtime import deployment, flow_run
 
 from tasks import lifecycle_task
 from trainflow.prefect.records import RunRecord
+from trainflow.prefect.run_names import name_for_run_id
 from trainflow.reporting.audit import origin_tags
 from trainflow.reporting.tracking import Tracker, spec_params, tracking_uri_for
 from trainflow.repro.rerun import DRIFT_ARTIFACT, code_snapshot, current_lineage
@@ -35,12 +35,11 @@ def deployment_name() -> str | None:
 
 def name_flow_run(flow_run_id: str, run_id: str) -> None:
     """Name the flow run after the trainflow run id, so runs of one spec can be told apart in the
-    Prefect UI (the flow's own name template only knows the spec's name)."""
+    Prefect UI; a name a person gave it stays, with the run id as a tag (trainflow/prefect/run_names.py)."""
     try:
-        with get_client(sync_client=True) as client:
-            client.set_flow_run_name(UUID(flow_run_id), run_id)
+        get_run_logger().debug("flow run %s", name_for_run_id(flow_run_id, run_id))
     except Exception as exc:  # noqa: BLE001 - a name is for people, never worth a failed run
-        get_run_logger().warning("flow run not renamed to %s: %s: %s", run_id, type(exc).__name__, exc)
+        get_run_logger().warning("flow run not named after %s: %s: %s", run_id, type(exc).__name__, exc)
 
 
 @lifecycle_task(name="start-tracking")

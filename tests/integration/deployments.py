@@ -112,9 +112,11 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
-def create_flow_run(api: str, deployment_id: str, parameters: dict) -> dict:
-    """What the UI's Run button does: a flow run of the deployment, scheduled now."""
-    return api_json(api, "POST", f"/deployments/{deployment_id}/create_flow_run", {"parameters": parameters})
+def create_flow_run(api: str, deployment_id: str, parameters: dict, name: str | None = None) -> dict:
+    """What the UI's Run button does: a flow run of the deployment, scheduled now (named as the
+    person named it in the form, or by the server)."""
+    body = {"parameters": parameters, **({"name": name} if name else {})}
+    return api_json(api, "POST", f"/deployments/{deployment_id}/create_flow_run", body)
 
 
 def wait_for_flow_run(api: str, flow_run_id: str, timeout_s: float, worker: subprocess.Popen, log: Path) -> dict:

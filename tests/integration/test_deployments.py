@@ -46,9 +46,11 @@ def deployed(prefect_api, tmp_path_factory):
         yield {"api": prefect_api, "home": home, "log": log, "worker": worker, "nightly": nightly}
 
 
-def run_deployment(deployed, name: str, parameters: dict, flow: str = "training-lifecycle") -> dict:
+def run_deployment(
+    deployed, name: str, parameters: dict, flow: str = "training-lifecycle", run_name: str | None = None
+) -> dict:
     target = deployment(deployed["api"], name, flow)
-    created = create_flow_run(deployed["api"], target["id"], parameters)
+    created = create_flow_run(deployed["api"], target["id"], parameters, run_name)
     return wait_for_flow_run(deployed["api"], created["id"], RUN_TIMEOUT_S, deployed["worker"], deployed["log"])
 
 
@@ -207,7 +209,7 @@ def train_run(deployed, tmp_path_factory):
     }
     spec["checkpoint"].update(every_steps=10, uri="checkpoints/deployed")
     spec["tracking"]["experiment"] = "deployments"
-    flow_run = run_deployment(deployed, "train", {"spec": spec})
+    flow_run = run_deployment(deployed, "train", {"spec": spec}, run_name="fails over once")
     return {"flow_run": flow_run, "spec": spec}
 
 
@@ -215,8 +217,9 @@ def test_train_completes_on_the_worker_and_is_recorded_in_mlflow(deployed, train
     flow_run = train_run["flow_run"]
     assert flow_run["state"]["type"] == "COMPLETED", (flow_run["state"], deployed["log"].read_text()[-4000:])
     client, run = mlflow_run_of(deployed, flow_run["id"])
-    assert flow_run["name"] == run.data.tags["trainflow.run_id"]  # named after the trainflow run
-    assert flow_run["name"].startswith("deployed-")
+    assert flow_run["name"] == "fails over once"  # the name the person gave it, with the run id beside it
+    assert f"run-id:{run.data.tags['trainflow.run_id']}" in flow_run["tags"]
+    assert run.data.tags["trainflow.run_id"].startswith("deployed-")
     assert run.info.status == "FINISHED"
     assert run.data.params["steps"] == "30" and run.data.params["checkpoint_every_steps"] == "10"
     assert run.data.tags["status"] == "succeeded"

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.integration
 
 ARTIFACTS = ROOT / "tests" / "artifacts"
 STEPS = 24  # the reference job's form says 200
+RUN_NAME = "steps-24-from-the-form"
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +74,14 @@ def test_custom_run_from_the_ui_trains_with_the_changed_field(browser, served):
     ]:
         assert section in labels, labels
     browser.wait_for(".schema-form-property__description", text="Total number of training steps of the job.")
+    # another backend's own section is folded at its defaults: its name, none of its fields
+    assert {"Slurm (Optional)", "Kubernetes (Optional)"} <= set(labels), labels
+    assert not {"Partition", "Time limit", "Namespace", "Image", "Tolerations"} & set(labels), labels
     browser.clear(steps)
     browser.type(steps, str(STEPS))
+    run_name = browser.wait_for(".flow-run-name-input input")
+    browser.clear(run_name)
+    browser.type(run_name, RUN_NAME)
     browser.screenshot(ARTIFACTS / "ui-custom-run-form.png")
     browser.click(browser.wait_for("button[type=submit]", text="Submit"))
 
@@ -95,6 +102,7 @@ def test_custom_run_from_the_ui_trains_with_the_changed_field(browser, served):
         time.sleep(0.5)
     assert len(runs) == 1, "the form did not create the flow run"
     assert runs[0]["parameters"]["spec"]["name"] == "digits"  # the fields left alone keep their defaults
+    assert runs[0]["parameters"]["spec"].get("slurm") is None  # folded: left out, or null
     flow_run = wait_for_flow_run(api, runs[0]["id"], 180, served["worker"], served["log"])
     assert flow_run["state"]["type"] == "COMPLETED", (flow_run["state"], served["log"].read_text()[-4000:])
 
@@ -104,6 +112,8 @@ def test_custom_run_from_the_ui_trains_with_the_changed_field(browser, served):
     assert run.data.params["steps"] == str(STEPS)
     assert max(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == STEPS
     assert run.info.start_time / 1000 >= started - 5
+    assert flow_run["name"] == RUN_NAME  # the name typed in the form, and the run id beside it
+    assert f"run-id:{run.data.tags['trainflow.run_id']}" in flow_run["tags"]
 
     browser.open(f"{ui}/runs/flow-run/{flow_run['id']}")
     browser.wait_for("span, div", text="Completed")

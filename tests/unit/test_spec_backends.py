@@ -4,10 +4,13 @@ spec for another backend unless it only repeats that backend's defaults."""
 
 from __future__ import annotations
 
+import jsonschema
 import pytest
 import yaml
+from prefect.utilities.callables import parameter_schema
 from typer.testing import CliRunner
 
+from flows.lifecycle import training_lifecycle
 from tests.conftest import ROOT
 from trainflow.backends.kubernetes.config import KubernetesConfig, kubernetes_config
 from trainflow.backends.local.config import LocalConfig, LocalNetwork, local_config
@@ -105,11 +108,6 @@ def test_a_recorded_spec_keeps_its_shape_and_hash():
 
 
 def test_the_prefect_form_shows_the_sections_as_the_user_writes_them():
-    import jsonschema
-    from prefect.utilities.callables import parameter_schema
-
-    from flows.lifecycle import training_lifecycle
-
     schema = parameter_schema(training_lifecycle.fn).model_dump()
     definitions = schema["definitions"]
     properties = definitions["RunSpec"]["properties"]
@@ -121,6 +119,22 @@ def test_the_prefect_form_shows_the_sections_as_the_user_writes_them():
     jsonschema.validate({"spec": load_spec(LOCAL, SLURM).model_dump(mode="json")}, as_jsonschema)
     with pytest.raises(jsonschema.ValidationError, match="partitions"):
         jsonschema.validate({"spec": {**deployment["spec"], "slurm": {"partitions": "x"}}}, as_jsonschema)
+
+
+def test_the_prefect_form_folds_each_backends_own_section_until_it_is_chosen():
+    schema = parameter_schema(training_lifecycle.fn).model_dump()
+    for name in ("slurm", "kubernetes"):
+        section = schema["definitions"]["RunSpec"]["properties"][name]
+        # the form offers "Defaults" (null, its first choice: where it starts) or the section's fields
+        assert section["title"] == name.capitalize() and section["default"] is None
+        assert section["anyOf"][0] == {"type": "null", "title": "Defaults"}
+        assert section["anyOf"][1]["$ref"].endswith("Config")
+    # what the form sends when a section is left at its defaults: that backend's defaults
+    sent = load_spec(LOCAL, SLURM).model_dump(mode="json") | {"slurm": None, "kubernetes": None}
+    jsonschema.validate({"spec": sent}, schema)
+    assert parse_spec(sent).backend_config == SlurmConfig(backend="slurm")
+    local = load_spec(LOCAL).model_dump(mode="json") | {"slurm": None, "kubernetes": None}
+    assert parse_spec(local).backend_config == load_spec(LOCAL).backend_config
 
 
 def test_the_cli_refuses_another_backends_section_before_anything_runs(tmp_path, monkeypatch):

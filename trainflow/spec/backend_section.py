@@ -4,7 +4,7 @@ config models keyed by the backend's name.
 A user writes it where it always was (`slurm:`, `kubernetes:`, or local's `network` among
 `resources:`) and `resources.backend` chooses; these functions translate between that shape and
 the typed field, in validation, in dumps (so recorded specs and spec hashes are unchanged) and in
-the JSON schema (so Prefect's form shows the sections the user writes).
+the JSON schema (so Prefect's form shows the sections the user writes, another backend's folded away).
 """
 
 from __future__ import annotations
@@ -126,14 +126,27 @@ def user_shaped_schema(schema: dict, resolve: Any, spec_fields: Iterable[str]) -
     schema["required"] = [name for name in schema.get("required", []) if name != FIELD]
     refs = [choice["$ref"] for choice in union["oneOf"]]  # in the union's order: the catalog's
     spec_fields = list(spec_fields)
-    for ref, config in zip(refs, backend_configs().values(), strict=True):
+    for ref, (name, config) in zip(refs, backend_configs().items(), strict=True):
         member = resolve({"$ref": ref})
         member["properties"].pop("backend", None)
         member["required"] = [key for key in member.get("required", []) if key != "backend"]
         if _owns_section(config, spec_fields):
-            properties[config.location] = {"$ref": ref}
+            properties[config.location] = _collapsed_section(name, ref, member)
         else:
             resolve(properties[config.location])["properties"].update(member["properties"])
+
+
+def _collapsed_section(name: str, ref: str, member: dict) -> dict:
+    """A backend's own section as an optional one: Prefect's form shows a choice between its
+    defaults (a section left out, null) and its fields, and starts at the defaults, so a form for
+    another backend's run stays short. The form's label is the backend's name."""
+    member["title"] = "Settings"
+    return {
+        "title": name.capitalize(),
+        "description": member.get("description", ""),
+        "anyOf": [{"type": "null", "title": "Defaults"}, {"$ref": ref}],
+        "default": None,
+    }
 
 
 def user_path(loc: tuple) -> tuple:
