@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, Failed, State
+from pydantic import Field
 
 from flows.lifecycle import faulted_lifecycle, training_lifecycle
 from trainflow.backends.processes import describe, job_processes
@@ -81,7 +82,20 @@ def run_lifecycle(spec: RunSpec, chaos: list[FaultPlan] | None = None) -> dict:
 
 
 @flow(name="fault-drill", flow_run_name=given_or("{spec.name}-{fault.kind.value}"))
-def fault_drill(spec: RunSpec, fault: FaultPlan, fresh_baseline: bool = False, compare_torchrun: bool = True) -> State:
+def fault_drill(
+    spec: RunSpec,
+    fault: FaultPlan,
+    fresh_baseline: bool = Field(
+        default=False,
+        title="Fresh baseline",
+        description="Run the fault-free baseline again, even where one for this job and environment is kept.",
+    ),
+    compare_torchrun: bool = Field(
+        default=True,
+        title="Compare with torchrun",
+        description="Also time torchrun's own restart of the job, the yardstick the recovery is reported against.",
+    ),
+) -> State:
     """Baseline (reused when one exists for this job and environment), the faulted run, the report."""
     logger = get_run_logger()
     check_plan(spec, fault)

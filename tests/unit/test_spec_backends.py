@@ -4,6 +4,8 @@ spec for another backend unless it only repeats that backend's defaults."""
 
 from __future__ import annotations
 
+import importlib
+
 import jsonschema
 import pytest
 import yaml
@@ -143,3 +145,25 @@ def test_the_cli_refuses_another_backends_section_before_anything_runs(tmp_path,
     assert result.exit_code == EXIT_BAD_INPUT
     assert "slurm: only read with resources.backend: slurm" in result.output
     assert not (tmp_path / "home").exists()
+
+
+def test_every_field_of_every_deployed_flows_form_is_described():
+    undescribed = []
+    for deployment in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]:
+        path, name = deployment["entrypoint"].split(":")
+        flow = getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), name)
+        schema = parameter_schema(flow.fn).model_dump()
+        definitions = schema["definitions"]
+        fields = [(key, field) for key, field in schema["properties"].items()]
+        for model, definition in definitions.items():
+            fields += [(f"{model}.{key}", field) for key, field in definition.get("properties", {}).items()]
+        undescribed += [f"{name}: {key}" for key, field in fields if not _described(field, definitions)]
+    assert undescribed == []
+
+
+def _described(field: dict, definitions: dict) -> bool:
+    """A description of its own, or its section's (a reference, or a choice of one)."""
+    refs = [field.get("$ref")] + [choice.get("$ref") for choice in field.get("anyOf", [])]
+    return bool(field.get("description")) or any(
+        ref and definitions[ref.split("/")[-1]].get("description") for ref in refs
+    )

@@ -48,8 +48,14 @@ class FaultTolerance(Section):
         title="Backoff (s)",
         description="Wait before the second retry, doubling after; the first retry and preemptions never wait.",
     )
-    backoff_max_s: Annotated[float, Field(ge=0, le=3600)] = Field(default=60.0, title="Longest backoff (s)")
-    heartbeat_interval_s: Annotated[float, Field(gt=0, le=60)] = Field(default=1.0, title="Heartbeat interval (s)")
+    backoff_max_s: Annotated[float, Field(ge=0, le=3600)] = Field(
+        default=60.0, title="Longest backoff (s)", description="The wait between retries doubles up to this."
+    )
+    heartbeat_interval_s: Annotated[float, Field(gt=0, le=60)] = Field(
+        default=1.0,
+        title="Heartbeat interval (s)",
+        description="How often each node tells the orchestrator it is alive; under half the heartbeat timeout.",
+    )
     heartbeat_timeout_s: Annotated[float, Field(gt=0, le=3600)] = Field(
         default=10.0, title="Heartbeat timeout (s)", description="A node silent this long is lost."
     )

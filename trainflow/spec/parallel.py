@@ -34,8 +34,12 @@ class Parallel(Section):
     data: Annotated[int, Field(gt=0)] | None = Field(
         default=None, title="Data-parallel degree", description="Defaults to world size / (tensor × pipeline)."
     )
-    tensor: Annotated[int, Field(gt=0)] = Field(default=1, title="Tensor-parallel degree")
-    pipeline: Annotated[int, Field(gt=0)] = Field(default=1, title="Pipeline-parallel degree")
+    tensor: Annotated[int, Field(gt=0)] = Field(
+        default=1, title="Tensor-parallel degree", description="Ranks that split each layer; within a node."
+    )
+    pipeline: Annotated[int, Field(gt=0)] = Field(
+        default=1, title="Pipeline-parallel degree", description='Stages the model is cut into (`run.mesh`\'s "pp").'
+    )
     collective_timeout_s: Annotated[float, Field(gt=0, le=7200)] = Field(
         default=600, title="Collective timeout (s)", description="Process-group timeout for one collective."
     )

@@ -30,7 +30,9 @@ class RunSpec(Section):
         title="Name",
         description="Job name: lowercase letters, digits and dashes.",
     )
-    seed: Annotated[int, Field(ge=0, lt=2**32)] = Field(default=0, title="Seed")
+    seed: Annotated[int, Field(ge=0, lt=2**32)] = Field(
+        default=0, title="Seed", description="Rank r seeds its RNGs with seed + r; the data order uses the seed."
+    )
     workload: Workload
     resources: Resources = Field(default_factory=Resources)
     parallel: Parallel = Field(default_factory=Parallel)

@@ -24,11 +24,15 @@ class Toleration(Section):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
 
-    key: str | None = None
-    operator: Literal["Exists", "Equal"] = "Equal"
-    value: str | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: Annotated[int, Field(ge=0)] | None = Field(default=None, alias="tolerationSeconds")
+    key: str | None = Field(default=None, description="The taint's key; none (with Exists) tolerates every taint.")
+    operator: Literal["Exists", "Equal"] = Field(default="Equal", description="Equal: the taint's value must match.")
+    value: str | None = Field(default=None, description="The taint's value (operator Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="The taint's effect to tolerate; none: every effect."
+    )
+    toleration_seconds: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, alias="tolerationSeconds", description="With NoExecute: how long the pod stays once tainted."
+    )
 
     @model_validator(mode="after")
     def _as_kubernetes_accepts_it(self) -> Toleration:
@@ -50,7 +54,9 @@ class KubernetesConfig(BackendConfig):
     location: ClassVar[str] = "kubernetes"
     backend: Literal["kubernetes"] = "kubernetes"
 
-    namespace: str = Field(default="default", pattern=_DNS_LABEL, title="Namespace")
+    namespace: str = Field(
+        default="default", pattern=_DNS_LABEL, title="Namespace", description="Where the job's pods and service go."
+    )
     image: str | None = Field(
         default=None,
         title="Image",
@@ -65,8 +71,12 @@ class KubernetesConfig(BackendConfig):
         title="Launch API",
         description="indexed-job (built in), jobset or pytorchjob (need those CRDs in the cluster).",
     )
-    node_selector: dict[str, str] = Field(default_factory=dict, title="Node selector")
-    tolerations: list[Toleration] = Field(default_factory=list, title="Tolerations")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, title="Node selector", description="Labels a node must have, as in a pod spec."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, title="Tolerations", description="Taints the pods tolerate, as in a pod spec."
+    )
     topology_key: str | None = Field(
         default=None,
         title="Topology key",

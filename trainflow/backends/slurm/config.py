@@ -24,8 +24,12 @@ class SlurmConfig(BackendConfig):
     partition: str | None = Field(
         default=None, min_length=1, title="Partition", description="Default: the cluster's default partition."
     )
-    account: str | None = Field(default=None, min_length=1, title="Account")
-    qos: str | None = Field(default=None, min_length=1, title="QOS")
+    account: str | None = Field(
+        default=None, min_length=1, title="Account", description="sbatch --account; default: the cluster's."
+    )
+    qos: str | None = Field(
+        default=None, min_length=1, title="QOS", description="sbatch --qos; default: the cluster's."
+    )
     time_limit: str | None = Field(
         default=None,
         pattern=_SLURM_TIME,
