@@ -27,7 +27,7 @@ _SCRIPT = """
 import json, sys
 from flows.lifecycle import faulted_lifecycle
 from trainflow.drills.chaos import FaultPlan
-from trainflow.spec import load_spec
+from trainflow.runspec import load_spec
 settings = json.loads(sys.argv[1])
 spec = load_spec("examples/digits/spec.yaml", settings["overrides"])
 plans = [FaultPlan(kind=kind, at_step=step, attempt=attempt)

@@ -34,7 +34,7 @@ from trainflow.drills.storage_proxy import StorageProxy
 from trainflow.prefect.run_names import given_or
 from trainflow.prefect.verdicts import publish_drill
 from trainflow.repro.environment import fingerprint_environment
-from trainflow.spec import RunSpec, load_spec
+from trainflow.runspec import RunSpec, load_spec
 
 
 @task(name="measure-torchrun-restart", cache_policy=NO_CACHE, persist_result=False)

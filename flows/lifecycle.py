@@ -48,7 +48,7 @@ from trainflow.prefect.attempt_states import failed_attempts, watched_result
 from trainflow.prefect.run_names import given_or
 from trainflow.prefect.ui import report_attempt, report_checkpoint, report_run, start_report
 from trainflow.run_id import checked_run_id, new_run_id
-from trainflow.spec import RunSpec, load_spec
+from trainflow.runspec import RunSpec, load_spec
 
 
 @flow(name="training-lifecycle", flow_run_name=given_or("{spec.name}"))

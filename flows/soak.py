@@ -22,7 +22,7 @@ from trainflow.drills.soak import plan_faults, render_confusion, soak_kinds, soa
 from trainflow.prefect.run_names import given_or
 from trainflow.prefect.verdicts import publish_soak
 from trainflow.repro.environment import fingerprint_environment
-from trainflow.spec import RunSpec, load_spec
+from trainflow.runspec import RunSpec, load_spec
 
 
 @contextmanager

@@ -15,7 +15,7 @@ from trainflow.orchestrator.failures import AttemptResult, Decision, Outcome, de
 from trainflow.orchestrator.rules import decide_by_rule, excluded_node
 from trainflow.prefect.attempt_states import decided
 from trainflow.prefect.records import Launched, Provisioned
-from trainflow.spec import RunSpec
+from trainflow.runspec import RunSpec
 
 STOP_GRACE_S = 3.0
 # processes blocked in a collective, or cut off with a lost node, cannot act on SIGTERM: a long grace

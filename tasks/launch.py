@@ -14,7 +14,7 @@ from trainflow.checkpoint.catalog import Committed, latest_verified
 from trainflow.checkpoint.storage import StorageError
 from trainflow.prefect.records import Launched, Provisioned, Ready
 from trainflow.repro.environment import Environment
-from trainflow.spec import RunSpec
+from trainflow.runspec import RunSpec
 
 
 # the checkpoint store may be briefly unreachable (the reason for the retry, often): wait for it

@@ -19,7 +19,7 @@ from trainflow.home import trainflow_home
 from trainflow.orchestrator.orphans import clear_unprovisioned
 from trainflow.prefect.records import Launched, Provisioned, RunRecord
 from trainflow.reporting.tracking import PARENT_TAG, Tracker, tracking_uri_for
-from trainflow.spec import RunSpec
+from trainflow.runspec import RunSpec
 
 T = TypeVar("T")
 WRITE_RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 8.0)  # a SQLite store locked by another writer frees up

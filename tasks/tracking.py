@@ -13,7 +13,7 @@ from trainflow.prefect.run_names import name_for_run_id
 from trainflow.reporting.audit import origin_tags
 from trainflow.reporting.tracking import Tracker, spec_params, tracking_uri_for
 from trainflow.repro.rerun import DRIFT_ARTIFACT, code_snapshot, current_lineage
-from trainflow.spec import RunSpec
+from trainflow.runspec import RunSpec
 
 
 def deployment_name() -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tasks import lifecycle_task
 from trainflow.preflight import preflight
-from trainflow.spec import RunSpec
+from trainflow.runspec import RunSpec
 
 
 @lifecycle_task(name="validate-spec")

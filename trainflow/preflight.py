@@ -12,7 +12,7 @@ from trainflow.checkpoint.storage import StorageError, open_storage
 from trainflow.entrypoint_check import compile_problem, imports_runtime
 from trainflow.home import resolve_checkpoint_uri
 from trainflow.prefect.rest import unreachable_server
-from trainflow.spec import RunSpec, SpecError, WorkloadMode
+from trainflow.runspec import RunSpec, SpecError, WorkloadMode
 
 
 def preflight(spec: RunSpec, resume: bool = False) -> None:

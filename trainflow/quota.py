@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 
 from trainflow.home import trainflow_home
-from trainflow.spec import RunSpec
+from trainflow.runspec import RunSpec
 
 LIMIT_PREFIX = "trainflow-team-"
 DEFAULT_TEAM = "default"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Self
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 if TYPE_CHECKING:
-    from trainflow.spec import RunSpec
+    from trainflow.runspec import RunSpec
 
 INT64_MAX = 2**63 - 1
 

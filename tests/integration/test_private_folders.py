@@ -23,7 +23,7 @@ from trainflow.backends.base import AttemptPlan
 from trainflow.backends.job_tmp import PREFIX
 from trainflow.backends.local.launcher import LocalLauncher
 from trainflow.home import runs_root
-from trainflow.spec import load_spec
+from trainflow.runspec import load_spec
 
 pytestmark = [
     pytest.mark.integration,

@@ -23,7 +23,7 @@ from trainflow.backends.torchrun_report import log_tail
 from trainflow.contracts import Outcome
 from trainflow.orchestrator.rules import match_rules
 from trainflow.orchestrator.status import AttemptStatus
-from trainflow.spec import FaultTolerance
+from trainflow.runspec import FaultTolerance
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from tasks.teardown import close_tracking
 from tests.conftest import ROOT
 from trainflow.prefect.records import RunRecord
 from trainflow.reporting.tracking import Tracker
-from trainflow.spec import load_spec
+from trainflow.runspec import load_spec
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests.integration.conftest import run_cli, summary_of
 from tests.integration.finished_runs import PROBE, SECRET_VALUE, FinishedRuns
-from trainflow.spec.tracking import reserved_tag
+from trainflow.runspec.tracking import reserved_tag
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # the first test may wait for four runs
 

@@ -30,7 +30,7 @@ from trainflow.backends.kubernetes.launcher import KubernetesLauncher
 from trainflow.backends.kubernetes.names import RunNames
 from trainflow.backends.kubernetes.registry import RegistryError
 from trainflow.contracts import Outcome
-from trainflow.spec import load_spec
+from trainflow.runspec import load_spec
 
 KUBECONFIG = os.environ.get("KUBECONFIG", "")
 NAMESPACE = os.environ.get("TRAINFLOW_K8S_NAMESPACE", "trainflow")

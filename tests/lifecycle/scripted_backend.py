@@ -14,8 +14,8 @@ from pathlib import Path
 from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, NodeExit, RankExit, ReleaseReport
 from trainflow.contracts.status_protocol import Checkpoint, Finished, Progress, Started, StepEntry
 from trainflow.orchestrator.status import StatusServer
+from trainflow.runspec import RunSpec
 from trainflow.runtime.reporter import StatusReporter
-from trainflow.spec import RunSpec
 
 
 class End(str, Enum):

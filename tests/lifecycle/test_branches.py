@@ -16,7 +16,7 @@ from tests.lifecycle.scripted_backend import Act, End, ScriptedLauncher
 from trainflow import backends
 from trainflow.orchestrator.status import StatusServer
 from trainflow.orchestrator.watcher import AttemptWatcher
-from trainflow.spec import RunSpec
+from trainflow.runspec import RunSpec
 
 STEPS = 12
 

@@ -16,7 +16,7 @@ from trainflow.backends.abilities import (
     SharesScratch,
     SignalsRanks,
 )
-from trainflow.spec import RunSpec
+from trainflow.runspec import RunSpec
 
 ABILITIES = (
     ChecksSpec,

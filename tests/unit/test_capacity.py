@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainflow.backends.local.capacity import local_capacity_problem
-from trainflow.spec import Resources
+from trainflow.runspec import Resources
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import pytest
 
 from trainflow.drills.chaos import FaultKind, FaultPlan
 from trainflow.drills.drill import baseline_failed_report, check_plan, drill_report
-from trainflow.spec import RunSpec, SpecError
+from trainflow.runspec import RunSpec, SpecError
 
 BASELINE = {"params_sha256": "aa" * 32, "mlflow_run_id": "base"}
 

@@ -14,8 +14,8 @@ from trainflow.orchestrator.failures import (
     exception_line,
 )
 from trainflow.orchestrator.status import AttemptStatus
+from trainflow.runspec import FaultTolerance
 from trainflow.runtime.reporter import EXIT_ORCHESTRATOR_LOST
-from trainflow.spec import FaultTolerance
 
 
 def policy(max_restarts: int = 3, **overrides) -> FaultTolerance:

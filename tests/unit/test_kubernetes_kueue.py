@@ -11,7 +11,7 @@ from tests.kubernetes.fake_cluster import KUEUE_V1BETA1, KUEUE_V1BETA2, FakeClus
 from trainflow.backends.base import AttemptPlan
 from trainflow.backends.kubernetes.kueue import KueueChoice, choose_queue
 from trainflow.backends.kubernetes.launcher import KubernetesLauncher, ProvisionError
-from trainflow.spec import load_spec
+from trainflow.runspec import load_spec
 
 EXAMPLE = ROOT / "examples" / "specs" / "digits-kubernetes.yaml"
 DIGEST = "sha256:" + "cd" * 32

@@ -21,7 +21,7 @@ from trainflow.backends.kubernetes.image import ImageError
 from trainflow.backends.kubernetes.launcher import KubernetesLauncher, LaunchError, ProvisionError
 from trainflow.backends.kubernetes.registry import RegistryError
 from trainflow.contracts import Outcome
-from trainflow.spec import load_spec
+from trainflow.runspec import load_spec
 
 EXAMPLE = ROOT / "examples" / "specs" / "digits-kubernetes.yaml"
 JOBSET = ("jobset.x-k8s.io/v1alpha2", "JobSet")

@@ -20,7 +20,7 @@ from trainflow.backends.kubernetes.image import ImageRef, context_uri, kaniko_jo
 from trainflow.backends.kubernetes.manifests import attempt_manifests, headless_service
 from trainflow.backends.kubernetes.names import LABEL_ATTEMPT, LABEL_RUN, RunNames
 from trainflow.backends.kubernetes.pod import RENDEZVOUS_PORT
-from trainflow.spec import load_spec
+from trainflow.runspec import load_spec
 
 K8S_VERSIONS = ("1.31", "1.37")  # the oldest and newest minor kubernetes-validate ships that we support
 EXAMPLE = ROOT / "examples" / "specs" / "digits-kubernetes.yaml"

@@ -7,7 +7,7 @@ import pytest
 
 from tests.conftest import ROOT
 from trainflow.backends.kubernetes.config import KubernetesConfig, LaunchApi, kubernetes_config
-from trainflow.spec import SpecError, load_spec
+from trainflow.runspec import SpecError, load_spec
 
 LOCAL = ROOT / "examples" / "digits" / "spec.yaml"
 K8S = ROOT / "examples" / "specs" / "digits-kubernetes.yaml"

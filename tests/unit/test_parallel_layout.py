@@ -102,7 +102,7 @@ def test_a_hash_of_whole_tensors_refuses_a_shard(one_rank):
 
 
 def test_hybrid_that_cannot_shard_within_a_node_is_refused_at_validation():
-    from trainflow.spec import SpecError, load_spec
+    from trainflow.runspec import SpecError, load_spec
 
     overrides = ["resources.nodes=2", "resources.procs_per_node=1", "parallel.strategy=hybrid", "parallel.tensor=2"]
     with pytest.raises(SpecError, match="parallel.strategy: hybrid shards within a node"):

@@ -25,7 +25,7 @@ from trainflow.quota import (
     stale_slots,
     write_lease_file,
 )
-from trainflow.spec import load_spec
+from trainflow.runspec import load_spec
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits" / "spec.yaml"
 

@@ -17,7 +17,7 @@ from trainflow.repro.rerun import (
     refusal,
     rerunning,
 )
-from trainflow.spec import parse_spec
+from trainflow.runspec import parse_spec
 
 PACKAGES = {"torch": "2.13.0+cpu", "numpy": "2.4.6", "mlflow": "3.17.2", "trainflow": "0.1.0"}
 COMMIT = "a" * 40

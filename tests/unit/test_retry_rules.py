@@ -13,7 +13,7 @@ from trainflow.contracts.evidence import AttemptEvidence, MatchedRule
 from trainflow.orchestrator.failures import AttemptResult, Outcome, decide
 from trainflow.orchestrator.rules import decide_by_rule, match_rules, ruled_outcome
 from trainflow.orchestrator.status import AttemptStatus
-from trainflow.spec import FaultTolerance
+from trainflow.runspec import FaultTolerance
 
 
 def rank_exit(code: int, *lines: str, rank: int = 1) -> NodeExit:

@@ -9,7 +9,7 @@ from tests.conftest import ROOT
 from trainflow.backends.worker import SecretUnavailable, secret_environment
 from trainflow.cli import EXIT_BAD_INPUT, app
 from trainflow.preflight import preflight
-from trainflow.spec import SpecError, load_spec
+from trainflow.runspec import SpecError, load_spec
 
 SPEC = ROOT / "examples" / "digits" / "spec.yaml"
 

@@ -14,7 +14,7 @@ from trainflow.backends.slurm.job_end import SlurmNodeExit, from_job, time_limit
 from trainflow.backends.slurm.node_agent import signal_file
 from trainflow.orchestrator.failures import Outcome, classify_exit
 from trainflow.orchestrator.status import AttemptStatus
-from trainflow.spec import SpecError, parse_spec
+from trainflow.runspec import SpecError, parse_spec
 
 
 def spec(**slurm):

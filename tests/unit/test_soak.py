@@ -10,7 +10,7 @@ import pytest
 from trainflow.drills.chaos import FaultKind
 from trainflow.drills.cpu_load import cpu_load
 from trainflow.drills.soak import plan_faults, render_confusion, soak_kinds, soak_report, soak_spec
-from trainflow.spec import RunSpec, SpecError
+from trainflow.runspec import RunSpec, SpecError
 
 
 def spec(steps: int = 600, every: int = 20, uri: str = "checkpoints/soak") -> RunSpec:

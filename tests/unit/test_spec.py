@@ -1,4 +1,4 @@
-"""trainflow.spec: loading, validation messages, overrides, derived values and the spec hash."""
+"""trainflow.runspec: loading, validation messages, overrides, derived values and the spec hash."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainflow.spec import SpecError, apply_override, load_spec, parse_spec
+from trainflow.runspec import SpecError, apply_override, load_spec, parse_spec
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits" / "spec.yaml"
 

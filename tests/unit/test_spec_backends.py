@@ -18,7 +18,7 @@ from trainflow.backends.kubernetes.config import KubernetesConfig, kubernetes_co
 from trainflow.backends.local.config import LocalConfig, LocalNetwork, local_config
 from trainflow.backends.slurm.config import SlurmConfig, slurm_config
 from trainflow.cli import EXIT_BAD_INPUT, app
-from trainflow.spec import SpecError, load_spec, parse_spec
+from trainflow.runspec import SpecError, load_spec, parse_spec
 
 LOCAL = ROOT / "examples" / "digits" / "spec.yaml"
 K8S = ROOT / "examples" / "specs" / "digits-kubernetes.yaml"

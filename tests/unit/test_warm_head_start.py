@@ -12,7 +12,7 @@ import pytest
 from tests.integration.conftest import job_processes as marked
 from trainflow.backends.local.launcher import LocalLauncher
 from trainflow.run_id import checked_run_id
-from trainflow.spec import load_spec
+from trainflow.runspec import load_spec
 
 SPEC = Path(__file__).resolve().parents[2] / "examples" / "digits" / "spec.yaml"
 RUN_ID = "digits-head-start-1"

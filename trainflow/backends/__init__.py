@@ -13,7 +13,7 @@ from trainflow.backends.base import Allocation, AttemptHandle, AttemptPlan, Laun
 from trainflow.backends.catalog import LAUNCHER_MODULES, backend_configs, backend_names
 
 if TYPE_CHECKING:  # the spec composes the backends' configs from here: it imports this package
-    from trainflow.spec import RunSpec
+    from trainflow.runspec import RunSpec
 
 __all__ = [
     "Allocation",

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from trainflow.backends.base import Allocation, AttemptHandle
-from trainflow.spec import RunSpec
+from trainflow.runspec import RunSpec
 
 
 class RenderError(ValueError):

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # the spec imports this package (its backends' configs)
-    from trainflow.spec import RunSpec
+    from trainflow.runspec import RunSpec
 
 
 @dataclass

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from trainflow.backends.base import AttemptPlan
 from trainflow.home import resolve_checkpoint_uri
-from trainflow.spec import RunSpec
+from trainflow.runspec import RunSpec
 from trainflow.worker_config import WorkerConfig, fault_gate_path
 
 

@@ -11,7 +11,7 @@ import typer
 from trainflow.cli.output import EXIT_FAILED, fail_input
 from trainflow.cli.quota import quota_problem
 from trainflow.cli.signals import orchestrating
-from trainflow.spec import SpecError, load_spec
+from trainflow.runspec import SpecError, load_spec
 
 
 def drill(

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from trainflow.quota import TEMPORARY_SERVER_ENV, QuotaError, QuotaNeed, limit_name
-from trainflow.spec import RunSpec
+from trainflow.runspec import RunSpec
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from trainflow.cli.output import fail_input
-from trainflow.spec import SpecError, load_spec
+from trainflow.runspec import SpecError, load_spec
 
 
 def render(

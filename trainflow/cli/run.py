@@ -12,7 +12,7 @@ from trainflow.cli.output import fail_input, finish, live_progress
 from trainflow.cli.quota import quota_problem
 from trainflow.cli.signals import orchestrating
 from trainflow.run_id import new_run_id
-from trainflow.spec import SpecError, load_spec
+from trainflow.runspec import SpecError, load_spec
 
 
 def run(

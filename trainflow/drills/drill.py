@@ -15,7 +15,7 @@ from trainflow.backends.abilities import KnowsRankProcesses
 from trainflow.checkpoint.catalog import step_of
 from trainflow.drills.chaos import PLAIN_SIGNALS, FaultKind, FaultPlan, backend_inability
 from trainflow.home import trainflow_home
-from trainflow.spec import RunSpec, SpecError, WorkloadMode
+from trainflow.runspec import RunSpec, SpecError, WorkloadMode
 
 
 def drill_spec(spec: RunSpec, plan: FaultPlan) -> RunSpec:

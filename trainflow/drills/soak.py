@@ -22,7 +22,7 @@ from trainflow.backends import launcher_for
 from trainflow.drills.chaos import FaultKind, FaultPlan, backend_inability
 from trainflow.drills.drill import EXPECTED_OUTCOME, lost_steps_limit
 from trainflow.orchestrator.watcher import HANG_FLOOR_S
-from trainflow.spec import RunSpec, SpecError
+from trainflow.runspec import RunSpec, SpecError
 
 # every kind that ends an attempt, so one attempt per fault; a storage outage ends it as INFRA
 SOAK_KINDS = (

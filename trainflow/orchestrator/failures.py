@@ -12,7 +12,7 @@ from trainflow.contracts import AttemptResult, Outcome
 from trainflow.contracts.exit_codes import ORCHESTRATOR_LOST as EXIT_ORCHESTRATOR_LOST
 from trainflow.contracts.exit_codes import STORE_UNREACHABLE
 from trainflow.orchestrator.status import AttemptStatus
-from trainflow.spec import FaultTolerance
+from trainflow.runspec import FaultTolerance
 
 INFRA_ERRORS = {"StorageError", "CheckpointInvalid", "ManifestError", "DistNetworkError", "DistStoreError"}
 

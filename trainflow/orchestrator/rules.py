@@ -16,8 +16,8 @@ from trainflow.contracts import AttemptResult, Outcome
 from trainflow.contracts.evidence import MatchedRule
 from trainflow.orchestrator.failures import Decision, RankFailure, budget_for, rank_failures, signal_name
 from trainflow.orchestrator.status import AttemptStatus
-from trainflow.spec import FaultTolerance
-from trainflow.spec.retry_rules import BUILT_IN_RULES, RetryRule, RuleAction
+from trainflow.runspec import FaultTolerance
+from trainflow.runspec.retry_rules import BUILT_IN_RULES, RetryRule, RuleAction
 
 
 @dataclass(frozen=True)

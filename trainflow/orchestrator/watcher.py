@@ -50,7 +50,7 @@ from trainflow.orchestrator.rules import match_rules, ruled_outcome
 from trainflow.orchestrator.status import AttemptStatus, AttemptSummary, RankReport, StatusServer
 from trainflow.orchestrator.step_metrics import MetricRows
 from trainflow.orchestrator.stragglers import Straggler, StragglerWatch
-from trainflow.spec import FaultTolerance
+from trainflow.runspec import FaultTolerance
 
 HANG_FLOOR_S = 30.0
 HANG_STEP_FACTOR = 20.0

@@ -13,7 +13,7 @@ from trainflow.orchestrator.live import LiveRun
 from trainflow.orchestrator.status import StatusServer
 from trainflow.reporting.tracking import Tracker
 from trainflow.repro.environment import Environment
-from trainflow.spec import RunSpec
+from trainflow.runspec import RunSpec
 
 
 class HandOff:

@@ -20,7 +20,7 @@ from trainflow.home import artifacts_root, default_tracking_uri
 from trainflow.orchestrator.interrupts import signals_deferred
 from trainflow.private_files import make_folders, open_private
 from trainflow.reporting.tracking_writes import TrackingWrites, metric_name_problem
-from trainflow.spec import RunSpec
+from trainflow.runspec import RunSpec
 
 PARENT_TAG = "mlflow.parentRunId"
 DEFAULT_STORE_PATIENCE_S = 120.0  # as the spec's tracking.store_patience_s

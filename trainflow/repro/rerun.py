@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 from trainflow.repro.environment import PROJECT_ROOT, Environment, fingerprint_environment, lock_path
-from trainflow.spec import RunSpec, SpecError, parse_spec
+from trainflow.runspec import RunSpec, SpecError, parse_spec
 
 SPEC_ARTIFACT = "spec/resolved_spec.yaml"
 PACKAGES_ARTIFACT = "environment/packages.json"

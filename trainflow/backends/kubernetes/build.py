@@ -23,7 +23,7 @@ from trainflow.backends.kubernetes.names import IMAGE_BUILD, LABEL_COMPONENT, Ru
 from trainflow.backends.kubernetes.owner import orchestrator_owner, owned
 from trainflow.checkpoint.location import S3Location
 from trainflow.contracts import Outcome
-from trainflow.spec import RunSpec
+from trainflow.runspec import RunSpec
 
 POLL_S = 5.0
 LOG_LINES = 40

@@ -10,7 +10,7 @@ from pydantic import ConfigDict, Field, model_validator
 from trainflow.section import BackendConfig, Section
 
 if TYPE_CHECKING:
-    from trainflow.spec import RunSpec
+    from trainflow.runspec import RunSpec
 
 
 class LaunchApi(str, Enum):

@@ -10,7 +10,7 @@ from trainflow.backends.kubernetes.config import LaunchApi, kubernetes_config
 from trainflow.backends.kubernetes.kueue import KueueChoice, KueueError, choose_queue
 from trainflow.backends.kubernetes.quota import attempt_request, quota_problems
 from trainflow.backends.kubernetes.workloads import workload_api
-from trainflow.spec import RunSpec
+from trainflow.runspec import RunSpec
 
 STATUS_HOST_ENV = "TRAINFLOW_STATUS_HOST"
 

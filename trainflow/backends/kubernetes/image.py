@@ -23,7 +23,7 @@ from trainflow.backends.kubernetes.config import kubernetes_config
 from trainflow.backends.kubernetes.names import IMAGE_BUILD, RunNames
 from trainflow.checkpoint.location import S3Location
 from trainflow.repro.environment import PROJECT_ROOT, git_state
-from trainflow.spec import RunSpec
+from trainflow.runspec import RunSpec
 
 DOCKERFILE = "infra/Dockerfile"
 KANIKO_IMAGE = os.environ.get("TRAINFLOW_KANIKO_IMAGE", "gcr.io/kaniko-project/executor:v1.23.2")

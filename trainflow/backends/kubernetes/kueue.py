@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from trainflow.backends.kubernetes.cluster import Cluster
 from trainflow.backends.kubernetes.config import kubernetes_config
 from trainflow.quota import TEAM_TAG
-from trainflow.spec import RunSpec
+from trainflow.runspec import RunSpec
 
 KUEUE_APIS = ("kueue.x-k8s.io/v1beta2", "kueue.x-k8s.io/v1beta1")  # newest first
 LOCAL_QUEUE = "LocalQueue"

@@ -49,7 +49,7 @@ from trainflow.backends.kubernetes.workloads import JOB_API, PYTORCH_CONTAINER, 
 from trainflow.backends.worker import secret_environment
 from trainflow.private_files import private_folder
 from trainflow.repro.environment import PROJECT_ROOT
-from trainflow.spec import RunSpec, SpecError
+from trainflow.runspec import RunSpec, SpecError
 
 __all__ = ["KubernetesLauncher", "LaunchError", "ProvisionError"]
 

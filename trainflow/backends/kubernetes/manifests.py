@@ -15,7 +15,7 @@ from trainflow.backends.kubernetes.names import LABEL_COMPONENT, LABEL_RUN, REND
 from trainflow.backends.kubernetes.pod import RENDEZVOUS_PORT, SCRATCH_DIR, SECRET_ENV_KEY, config_keys
 from trainflow.backends.kubernetes.workloads import Attempt, workload
 from trainflow.backends.worker import worker_config
-from trainflow.spec import RunSpec
+from trainflow.runspec import RunSpec
 
 
 def headless_service(spec: RunSpec, run_id: str) -> dict:

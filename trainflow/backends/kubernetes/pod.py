@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from trainflow.backends.kubernetes.config import LaunchApi, kubernetes_config
 from trainflow.backends.kubernetes.names import LABEL_ATTEMPT, LABEL_RUN, WORKERS, RunNames
-from trainflow.spec import RunSpec
+from trainflow.runspec import RunSpec
 from trainflow.worker_config import CONFIG_ENV, JOB_ENV
 
 CONTAINER = "trainer"

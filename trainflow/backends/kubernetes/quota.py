@@ -6,7 +6,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from trainflow.backends.kubernetes.pod import GPU_RESOURCE, cpu_quantity
-from trainflow.spec import RunSpec
+from trainflow.runspec import RunSpec
 
 
 def parse_quantity(text: str | int | float) -> Decimal:

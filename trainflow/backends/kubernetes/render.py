@@ -17,7 +17,7 @@ from trainflow.backends.kubernetes.config import kubernetes_config
 from trainflow.backends.kubernetes.image import context_uri, kaniko_job, planned_image
 from trainflow.backends.kubernetes.manifests import attempt_manifests, headless_service
 from trainflow.repro.environment import PROJECT_ROOT, git_state
-from trainflow.spec import RunSpec
+from trainflow.runspec import RunSpec
 
 PLACEHOLDER_TOKEN = "set-by-the-orchestrator-at-launch"
 PLACEHOLDER_HOST = "orchestrator.invalid"

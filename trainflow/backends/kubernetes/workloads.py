@@ -26,7 +26,7 @@ from trainflow.backends.kubernetes.pod import (
     pod_template,
     torchrun_command,
 )
-from trainflow.spec import RunSpec
+from trainflow.runspec import RunSpec
 
 JOBSET_API = ("jobset.x-k8s.io/v1alpha2", "JobSet")
 PYTORCHJOB_API = ("kubeflow.org/v1", "PyTorchJob")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from trainflow.spec import Resources
+from trainflow.runspec import Resources
 
 RANKS_PER_CORE = 4
 CPU_OVERSUBSCRIPTION = 4  # the nodes' CPU shares together, against the machine's cores

@@ -10,7 +10,7 @@ from pydantic import Field
 from trainflow.section import BackendConfig
 
 if TYPE_CHECKING:
-    from trainflow.spec import RunSpec
+    from trainflow.runspec import RunSpec
 
 
 class LocalNetwork(str, Enum):

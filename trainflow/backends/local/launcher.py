@@ -39,7 +39,7 @@ from trainflow.backends.torchrun_report import failed_ranks_with_evidence, log_t
 from trainflow.backends.worker import worker_config
 from trainflow.home import runs_root
 from trainflow.private_files import open_private, private_folder
-from trainflow.spec import RunSpec, SpecError
+from trainflow.runspec import RunSpec, SpecError
 
 
 class ProvisionError(RuntimeError):

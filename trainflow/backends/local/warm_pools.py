@@ -24,7 +24,7 @@ from trainflow.backends.warm.child import AGENT, NotForkable
 from trainflow.backends.warm.client import ForkedProcess, ZygoteChannel
 from trainflow.backends.warm.preload import modules_to_preload
 from trainflow.private_files import open_private, private_folder
-from trainflow.spec import WorkloadMode
+from trainflow.runspec import WorkloadMode
 from trainflow.worker_config import JOB_ENV
 
 log = logging.getLogger("trainflow.local")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from trainflow.backends.slurm.config import slurm_config
 from trainflow.backends.slurm.node_agent import RDZV_ENV
-from trainflow.spec import RunSpec
+from trainflow.runspec import RunSpec
 
 _UNITS = {
     "": 1 / 2**20,

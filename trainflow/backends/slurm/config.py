@@ -9,7 +9,7 @@ from pydantic import Field
 from trainflow.section import BackendConfig
 
 if TYPE_CHECKING:
-    from trainflow.spec import RunSpec
+    from trainflow.runspec import RunSpec
 
 
 _SLURM_TIME = r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^UNLIMITED$"

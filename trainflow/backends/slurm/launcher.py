@@ -37,7 +37,7 @@ from trainflow.backends.slurm.on_node import node_stacks, probe_node
 from trainflow.backends.torchrun_report import failed_ranks_with_evidence, log_tail, root_cause_exitcode
 from trainflow.backends.worker import worker_config
 from trainflow.contracts import Outcome
-from trainflow.spec import SpecError
+from trainflow.runspec import SpecError
 from trainflow.worker_config import JOB_ENV
 
 SCHEDULER_POLL_S = 0.5  # how often poll asks slurmctld; exit files are read on every poll

@@ -88,8 +88,8 @@ def _measure(options: Options, uri: str, endpoint: str, work: Path, log) -> dict
     from trainflow.checkpoint import s3 as s3_module
     from trainflow.checkpoint.catalog import checkpoint_prefix
     from trainflow.checkpoint.storage import open_storage
+    from trainflow.runspec import Checkpoint
     from trainflow.runtime.checkpointing import Checkpointer, Stateful
-    from trainflow.spec import Checkpoint
     from trainflow.worker_config import WorkerConfig
 
     defaults = Checkpoint()

@@ -5,16 +5,16 @@ refused here, before anything is provisioned. One module per section; `run` comp
 holds the checks that span sections; `load` reads files and `--set` overrides.
 """
 
+from trainflow.runspec.checkpoint import Checkpoint, checkpoint_uri_problem
+from trainflow.runspec.errors import SpecError, describe_validation_error
+from trainflow.runspec.fault_tolerance import DEFAULT_RETRY_ON, FaultTolerance
+from trainflow.runspec.load import apply_override, load_spec, parse_spec
+from trainflow.runspec.parallel import CommBackend, Parallel, Strategy
+from trainflow.runspec.resources import Backend, Resources
+from trainflow.runspec.run import RunSpec
+from trainflow.runspec.tracking import Tracking
+from trainflow.runspec.workload import Workload, WorkloadMode
 from trainflow.section import BackendConfig, Section, strict_number
-from trainflow.spec.checkpoint import Checkpoint, checkpoint_uri_problem
-from trainflow.spec.errors import SpecError, describe_validation_error
-from trainflow.spec.fault_tolerance import DEFAULT_RETRY_ON, FaultTolerance
-from trainflow.spec.load import apply_override, load_spec, parse_spec
-from trainflow.spec.parallel import CommBackend, Parallel, Strategy
-from trainflow.spec.resources import Backend, Resources
-from trainflow.spec.run import RunSpec
-from trainflow.spec.tracking import Tracking
-from trainflow.spec.workload import Workload, WorkloadMode
 
 __all__ = [
     "DEFAULT_RETRY_ON",

@@ -8,9 +8,9 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from trainflow.spec.backend_section import user_path
-from trainflow.spec.errors import SpecError, describe_validation_error
-from trainflow.spec.run import RunSpec
+from trainflow.runspec.backend_section import user_path
+from trainflow.runspec.errors import SpecError, describe_validation_error
+from trainflow.runspec.run import RunSpec
 
 
 class DuplicateKey(yaml.YAMLError):

@@ -7,8 +7,8 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from trainflow.contracts import RETRYABLE, Outcome
+from trainflow.runspec.retry_rules import RetryRule
 from trainflow.section import Section
-from trainflow.spec.retry_rules import RetryRule
 
 DEFAULT_RETRY_ON: list[Outcome] = [o for o in RETRYABLE if o != Outcome.USER_ERROR]
 

@@ -10,14 +10,14 @@ import yaml
 from pydantic import Field, GetJsonSchemaHandler, SerializationInfo, model_serializer, model_validator
 from pydantic_core import CoreSchema
 
+from trainflow.runspec.backend_section import BackendConfigs, from_user_shape, to_user_shape, user_shaped_schema
+from trainflow.runspec.checkpoint import Checkpoint
+from trainflow.runspec.fault_tolerance import FaultTolerance
+from trainflow.runspec.parallel import CommBackend, Parallel, Strategy
+from trainflow.runspec.resources import Resources
+from trainflow.runspec.tracking import Tracking
+from trainflow.runspec.workload import Workload
 from trainflow.section import BackendConfig, Section
-from trainflow.spec.backend_section import BackendConfigs, from_user_shape, to_user_shape, user_shaped_schema
-from trainflow.spec.checkpoint import Checkpoint
-from trainflow.spec.fault_tolerance import FaultTolerance
-from trainflow.spec.parallel import CommBackend, Parallel, Strategy
-from trainflow.spec.resources import Resources
-from trainflow.spec.tracking import Tracking
-from trainflow.spec.workload import Workload
 
 Config = TypeVar("Config", bound=BackendConfig)
 
