@@ -6,12 +6,9 @@ from __future__ import annotations
 import math
 import types
 import typing
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
-
-if TYPE_CHECKING:
-    from trainflow.runspec import RunSpec
 
 INT64_MAX = 2**63 - 1
 
@@ -70,10 +67,13 @@ class BackendConfig(Section):
     """
 
     location: ClassVar[str]
+    # why the backend needs checkpoint.uri to be a remote store, where it does (the spec checks it)
+    remote_checkpoints_because: ClassVar[str | None] = None
     backend: str
 
-    def check(self, spec: RunSpec) -> None:
-        """Checks that need the rest of the spec; raise ValueError naming the field."""
+    def check(self) -> None:
+        """Checks made only when this is the chosen backend's section (another backend's section is
+        never more than its defaults); raise ValueError naming the field."""
 
     def for_node_loss(self) -> Self:
         """This config as a node-loss drill needs it: every node can be cut off the network alone

@@ -57,7 +57,12 @@ class RunSpec(Section):
                 f"resources.backend: {self.resources.backend.value}, but the backend section is "
                 f"{self.backend_config.backend}'s"
             )
-        self.backend_config.check(self)
+        needs_remote = self.backend_config.remote_checkpoints_because
+        if needs_remote and not self.checkpoint.is_remote:
+            raise ValueError(
+                f"checkpoint.uri: the {self.backend_config.backend} backend needs an s3:// URI ({needs_remote})"
+            )
+        self.backend_config.check()
         return self
 
     @model_serializer(mode="wrap")

@@ -52,6 +52,7 @@ class KubernetesConfig(BackendConfig):
     """Where and how the job runs with resources.backend: kubernetes (the spec's `kubernetes:` section)."""
 
     location: ClassVar[str] = "kubernetes"
+    remote_checkpoints_because: ClassVar[str | None] = "pods and the orchestrator share no disk"
     backend: Literal["kubernetes"] = "kubernetes"
 
     namespace: str = Field(
@@ -111,11 +112,7 @@ class KubernetesConfig(BackendConfig):
         "(default: TRAINFLOW_STATUS_HOST, set to the flow pod's IP by the work-pool template).",
     )
 
-    def check(self, spec: RunSpec) -> None:
-        if not spec.checkpoint.is_remote:
-            raise ValueError(
-                "checkpoint.uri: the kubernetes backend needs an s3:// URI (pods and the orchestrator share no disk)"
-            )
+    def check(self) -> None:
         if not self.image:
             raise ValueError("kubernetes.image: required with resources.backend: kubernetes (a repository or image)")
 
