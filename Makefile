@@ -45,8 +45,9 @@ check: $(STAMP)
 # Every test, both tiers (CI), on TEST_WORKERS workers: most tests wait on processes, not the CPU.
 # Each worker runs whole modules (the Slurm tests together), see tests/conftest.py.
 TEST_WORKERS ?= 2
+WORKERS := -n $(TEST_WORKERS) --dist loadgroup
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup tests
+	$(BIN)/python -m pytest $(WORKERS) tests
 
 # A local Slurm cluster (root): munged, slurmctld and 3 slurmd, each in its own network namespace;
 # installs Debian's slurmctld, slurmd, slurm-client and munge when missing. Then export SLURM_CONF.
@@ -59,12 +60,12 @@ slurm-down: $(STAMP)
 
 # All of tests/unit, the ones that start processes (torchrun, spawned ranks, Python subprocesses) too.
 unit: $(STAMP)
-	$(BIN)/python -m pytest tests/unit
+	$(BIN)/python -m pytest $(WORKERS) tests/unit
 
 # The tests that start processes or servers: a real Prefect server, moto, torchrun; the lifecycle under
 # Prefect's test harness; the Slurm cluster when root.
 processes: $(STAMP)
-	$(BIN)/python -m pytest -m processes tests
+	$(BIN)/python -m pytest $(WORKERS) -m processes tests
 
 # Measured figures, side by side with bare torchrun and raw boto3: bench/results.json, BENCHMARKS.md.
 bench: $(STAMP)

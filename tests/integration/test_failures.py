@@ -76,7 +76,7 @@ def test_crash_is_retried_from_the_last_committed_checkpoint(cli_env):
     assert result.returncode == 1, result.stderr[-4000:]
     summary = summary_of(result)
     attempts = summary["attempts"]
-    assert [a["outcome"] for a in attempts] == ["CRASHED", "CRASHED"]
+    assert [a["outcome"] for a in attempts] == ["CRASHED", "CRASHED"], [a.get("reason") for a in attempts]
     assert attempts[1]["resumed_from_step"] == 5
     assert attempts[0]["lost_steps"] == attempts[0]["last_step"] - 5
     assert attempts[1]["recovery_s"] is not None and attempts[1]["recovery_s"] > 0

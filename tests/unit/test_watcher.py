@@ -4,6 +4,7 @@ progress), lost nodes (silence), frozen workers, stragglers, and exits."""
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 import pytest
@@ -107,6 +108,42 @@ def test_silence_without_exit_is_a_lost_node(channel):
         assert result.evidence.silent_node.node == 1 and result.detection_latency_s < 0.6 + 0.5
     finally:
         alive.close()
+
+
+def test_a_reader_starved_of_the_cpu_is_no_silence_of_the_workers(channel, monkeypatch):
+    """On a loaded machine the channel's reader may not run for longer than the heartbeat timeout
+    while the workers' heartbeats wait in its sockets: that is no lost node."""
+    ranks = [reporter(channel, r) for r in range(2)]
+    loop, starved = channel._loop, threading.Event()
+    select = loop._selector.select
+
+    def starved_select(timeout):
+        starved.wait()  # the reader thread gets no turn
+        return select(timeout)
+
+    try:
+        for r in ranks:
+            r.send(Progress(steps=[StepEntry(step=3, step_time_s=0.01)]))
+        deadline = time.monotonic() + 10
+        while channel.summary().known < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        judge = watcher(channel, StandInLauncher(2), heartbeat_timeout_s=0.6, hang_timeout_s=30)
+        monkeypatch.setattr(loop._selector, "select", starved_select)
+        time.sleep(1.5)  # the heartbeats keep coming; nobody reads them
+        assert channel.summary().silent_since < time.time() - 1.2  # as the channel last saw them
+        assert judge._check() is None
+        starved.set()
+        time.sleep(0.5)
+        assert judge._check() is None  # read at last: both ranks alive all along
+        for r in ranks:
+            r.close()  # now they fall silent for real
+        time.sleep(1.0)
+        result = judge._check()
+        assert result is not None and result.outcome == Outcome.NODE_LOST, result
+    finally:
+        starved.set()
+        for r in ranks:
+            r.close()
 
 
 def test_a_frozen_worker_on_a_live_node_is_a_hang(channel):

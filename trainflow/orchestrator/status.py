@@ -272,6 +272,11 @@ class StatusServer:
                     out[rank] = (status.node, sum(recent) / window, status.step)
             return out
 
+    def read_through(self) -> float:
+        """The time up to which every stream has been read: whatever a worker sent before it is
+        seen. Silence is measured up to this time, never up to a clock the reader may lag behind."""
+        return self._loop.read_through
+
     def open_connections(self, nodes) -> int:
         """How many of the current attempt's streams from these nodes are still being read: a
         worker's last messages are applied only once its stream reached its end."""

@@ -4,8 +4,10 @@ job, however many; what each stream says is applied by the StatusServer (status.
 A new connection counts only once its first line, a hello with the run's token and this
 orchestrator's protocol version, arrives within the limits of `status_limits`; a hello of another
 version is refused with a line saying why. Liveness is stamped when bytes are read, not when they
-are applied. Every accepted stream is answered (at most every ANSWER_EVERY_S, after something was
-read from it), so its sender can tell a live orchestrator from a frozen one.
+are applied, and the loop says up to when it has read everything (`read_through`): a loop starved
+of the CPU on a loaded machine must not be taken for its peers falling silent. Every accepted
+stream is answered (at most every ANSWER_EVERY_S, after something was read from it), so its sender
+can tell a live orchestrator from a frozen one.
 """
 
 from __future__ import annotations
@@ -98,6 +100,9 @@ class ChannelLoop:
         self._connections: dict[int, _Connection] = {}
         self._pending = PendingConnections(limits)
         self._stopping = False
+        # every byte that had arrived by this time has been read (the start of the last full turn):
+        # a reader starved of the CPU says so by this lagging, not by its peers seeming silent
+        self.read_through = time.time()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
@@ -121,6 +126,7 @@ class ChannelLoop:
     def _run(self) -> None:
         swept = time.monotonic()
         while not self._stopping:
+            turn = time.time()
             try:
                 events = self._selector.select(SWEEP_S)
             except OSError:
@@ -134,6 +140,7 @@ class ChannelLoop:
                     conn = self._connections.get(key.data)
                     if conn is not None:
                         self._read(conn)
+            self.read_through = turn
             if time.monotonic() - swept >= SWEEP_S:
                 swept = time.monotonic()
                 self._sweep()

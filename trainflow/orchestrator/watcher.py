@@ -136,6 +136,9 @@ class AttemptWatcher:
     def _check(self) -> AttemptResult | None:
         now = time.time()
         exits = self.launcher.poll(self.handle)
+        # silence and stalls count up to when the channel had read everything, taken before the
+        # summary: what a starved reader has not read yet is no silence of the workers
+        seen = min(now, self.channel.read_through())
         status = self.channel.summary()
         if any(e.failing for e in exits) or all(not e.running for e in exits):
             verdict = self._ended_by_exit(exits, now)
@@ -152,7 +155,7 @@ class AttemptWatcher:
             return self._result(Outcome.INFRA, fault, self.channel.snapshot(), now, None, evidence)
 
         if self.plain:
-            return self._silent_plain_node(status, now)
+            return self._silent_plain_node(status, now, seen)
         if not status.known:
             if now - self.handle.started_at > self.limits.startup_timeout_s:
                 reason = (
@@ -177,15 +180,15 @@ class AttemptWatcher:
                     reason, full, now, since, AttemptEvidence(details={"leaving": sorted(full.leaving())})
                 )
         rank, node, last_seen = status.silent_rank, status.silent_node, status.silent_since
-        if rank is not None and node is not None and now - last_seen > self.limits.heartbeat_timeout_s:
+        if rank is not None and node is not None and seen - last_seen > self.limits.heartbeat_timeout_s:
             state = self._probe(node)
             full = self.channel.snapshot()
-            silent = SilentNode(node, rank, state, round(now - last_seen, 3), _last_heartbeats(full, now))
+            silent = SilentNode(node, rank, state, round(seen - last_seen, 3), _last_heartbeats(full, now))
             evidence = AttemptEvidence(silent_node=silent)
             if state == "workers-stopped":
                 reason = f"rank {rank} on node {node} is frozen while its node is alive"
                 return self._hung(reason, full, now, last_seen, evidence)
-            reason = f"node {node} (rank {rank}) silent for {now - last_seen:.1f}s without exiting ({state})"
+            reason = f"node {node} (rank {rank}) silent for {seen - last_seen:.1f}s without exiting ({state})"
             return self._result(Outcome.NODE_LOST, reason, full, now, last_seen, evidence)
 
         if status.known < self.world_size and now - self.handle.started_at > self.limits.startup_timeout_s:
@@ -203,14 +206,14 @@ class AttemptWatcher:
             # launch: a start-up slower than the hang timeout (a loaded host) is no hang
             stalled_since = status.stalled_since
             limit = self.limits.hang_after(status) if status.first_step_at else self.limits.startup_timeout_s
-            if now - stalled_since > limit:
+            if seen - stalled_since > limit:
                 full = self.channel.snapshot()
                 stuck = sorted(r.rank for r in full.ranks.values() if (r.progressed_at or 0) <= stalled_since)
                 # in an outage every rank waits on the store (each uploads its own files); a rank
                 # stuck anywhere else makes it a hang
                 if all(rank in self._storage_calls for rank in full.ranks):
                     return self._storage_stall(full, now, stalled_since)
-                reason = f"no step progress for {now - stalled_since:.1f}s (ranks {_ranges(stuck)})"
+                reason = f"no step progress for {seen - stalled_since:.1f}s (ranks {_ranges(stuck)})"
                 reason += " while heartbeats continue"
                 if not status.first_step_at:
                     reason += f", no first step within fault_tolerance.startup_timeout_s ({limit:g}s)"
@@ -218,16 +221,16 @@ class AttemptWatcher:
                 return self._hung(reason, full, now, stalled_since, AttemptEvidence(details=details))
         return None
 
-    def _silent_plain_node(self, status: AttemptSummary, now: float) -> AttemptResult | None:
+    def _silent_plain_node(self, status: AttemptSummary, now: float, seen: float) -> AttemptResult | None:
         """A plain script's ranks say nothing; its node's relay heartbeats all the same. A relay
         silent for the heartbeat timeout, its stream still open and its node not exited, is a node
         cut off (or its agent stopped): lost, as a runtime script's silent node is."""
         node, heard = status.quiet_node, status.quiet_since
-        if node is None or now - heard <= self.limits.heartbeat_timeout_s:
+        if node is None or seen - heard <= self.limits.heartbeat_timeout_s:
             return None
         state = self._probe(node)
-        reason = f"node {node} silent for {now - heard:.1f}s without exiting ({state})"
-        evidence = AttemptEvidence(silent_node=SilentNode(node, None, state, round(now - heard, 3)))
+        reason = f"node {node} silent for {seen - heard:.1f}s without exiting ({state})"
+        evidence = AttemptEvidence(silent_node=SilentNode(node, None, state, round(seen - heard, 3)))
         return self._result(Outcome.NODE_LOST, reason, self.channel.snapshot(), now, heard, evidence)
 
     def _exit_overdue(self, exits, now: float) -> AttemptResult | None:
