@@ -77,6 +77,11 @@ def test_custom_run_from_the_ui_trains_with_the_changed_field(browser, served):
     # another backend's own section is folded at its defaults: its name, none of its fields
     assert {"Slurm (Optional)", "Kubernetes (Optional)"} <= set(labels), labels
     assert not {"Partition", "Time limit", "Namespace", "Image", "Tolerations"} & set(labels), labels
+    browser.script(
+        """[...document.querySelectorAll('.schema-form-property__label')]
+             .find(s => s.textContent.trim().startsWith('Kubernetes')).scrollIntoView({block: 'center'});"""
+    )
+    browser.screenshot(ARTIFACTS / "ui-custom-run-form-backends.png")
     browser.clear(steps)
     browser.type(steps, str(STEPS))
     run_name = browser.wait_for(".flow-run-name-input input")
@@ -100,7 +105,11 @@ def test_custom_run_from_the_ui_trains_with_the_changed_field(browser, served):
         )
         runs = [r for r in runs if r["parameters"]["spec"]["workload"]["steps"] == STEPS]
         time.sleep(0.5)
-    assert len(runs) == 1, "the form did not create the flow run"
+    if not runs:  # what the page shows instead (a refusal, a message) goes with the failure
+        browser.screenshot(ARTIFACTS / "ui-custom-run-not-created.png")
+        page = browser.script("return document.body.innerText")
+        pytest.fail(f"the form did not create the flow run; the page reads:\n{page[-3000:]}")
+    assert len(runs) == 1, runs
     assert runs[0]["parameters"]["spec"]["name"] == "digits"  # the fields left alone keep their defaults
     assert runs[0]["parameters"]["spec"].get("slurm") is None  # folded: left out, or null
     flow_run = wait_for_flow_run(api, runs[0]["id"], 180, served["worker"], served["log"])
