@@ -43,9 +43,9 @@ check: $(STAMP)
 	$(BIN)/python -m pytest --without-processes -q tests/unit
 
 # Every test, both tiers (CI), on TEST_WORKERS workers: most tests wait on processes, not the CPU.
-# Each worker runs whole modules (the Slurm tests together), see tests/conftest.py.
+# Each worker runs whole modules (the Slurm tests together) in the order collected, see tests/conftest.py.
 TEST_WORKERS ?= 2
-WORKERS := -n $(TEST_WORKERS) --dist loadgroup
+WORKERS := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 test: $(STAMP)
 	$(BIN)/python -m pytest $(WORKERS) tests
 

@@ -70,23 +70,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _starts_processes(item.path):
             item.add_marker(PROCESSES)
-        item.add_marker(pytest.mark.xdist_group(_group(item.path)))
     if config.getoption("--without-processes"):
         kept = [item for item in items if item.get_closest_marker(PROCESSES) is None]
         config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker(PROCESSES)])
         items[:] = kept
 
 
-def _group(path: Path) -> str:
-    """The tests one worker runs in a row (`make test` runs two workers, `--dist loadgroup`): a
-    module's tests share its fixtures; the Slurm tests share one cluster; the modules that read the
-    session's finished runs share them."""
-    relative = path.relative_to(TESTS) if path.is_relative_to(TESTS) else path
-    if relative.parts[0] == "slurm":
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """With workers (`make test`: `-n 2 --dist loadscope`), each takes whole groups of tests, in
+    the order they were collected (the long ones first)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group(nodeid)
+
+    return ByGroup(config, log)
+
+
+def group(nodeid: str) -> str:
+    """The tests one worker runs in a row: a module's tests share its fixtures; the Slurm tests
+    share one cluster; the modules that read the session's finished runs share them."""
+    path = nodeid.split("::", 1)[0]
+    folder, _, rest = path.removeprefix("tests/").partition("/")
+    if folder == "slurm":
         return "slurm"
-    if relative.parts[0] == "integration" and relative.name in FINISHED_RUNS_READERS:
+    if folder == "integration" and rest in FINISHED_RUNS_READERS:
         return "finished-runs"
-    return str(relative)
+    return path
 
 
 def _starts_processes(path: Path) -> bool:
