@@ -87,3 +87,33 @@ def test_torchrun_starts_a_ranks_script_through_it_and_nothing_else(monkeypatch)
     monkeypatch.setattr(api, "get_subprocess_handler", forking)
     script_main.install()
     assert api.get_subprocess_handler is forking
+
+
+LEAVING = textwrap.dedent(
+    """
+    import atexit, concurrent.futures, sys, threading, time
+    from pathlib import Path
+    atexit.register(lambda: Path("atexit-ran").write_text("yes"))
+    def upload():
+        time.sleep(0.5)
+        Path("upload-done").write_text("yes")
+    threading.Thread(target=upload).start()  # a checkpoint still uploading as the script fails
+    concurrent.futures.ThreadPoolExecutor(1).submit(time.sleep, 0.1)  # an idle pool, never shut down
+    print("leaving with 3", end="")  # not flushed yet
+    sys.exit(3)
+    """
+)
+
+
+def test_a_failing_script_ends_with_its_own_code_after_its_threads_and_exit_handlers(tmp_path):
+    """The end a failing rank gets without the interpreter's teardown (where gloo may abort it):
+    what an interpreter's exit does first is still done, and the code is the script's."""
+    script = tmp_path / "leaving.py"
+    script.write_text(LEAVING)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(p for p in sys.path if p)}
+    done = subprocess.run(
+        [sys.executable, "-m", MODULE, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60
+    )
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "leaving with 3"
+    assert (tmp_path / "upload-done").exists() and (tmp_path / "atexit-ran").exists()

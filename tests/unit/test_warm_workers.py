@@ -258,27 +258,26 @@ def test_the_preload_leaves_torch_dynamo_to_the_rank(tmp_path):
     assert "torch._dynamo" in imported_late
 
 
-def test_a_scripts_exit_message_is_recorded_in_torchruns_error_file_as_record_would(tmp_path, monkeypatch):
+def test_a_scripts_exit_message_is_recorded_in_torchruns_error_file_as_record_would(tmp_path):
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-    from trainflow.backends.script_main import _run
     from trainflow.backends.torchrun_report import error_file_line
 
     error_file = tmp_path / "run" / "attempt_0" / "0" / "error.json"
     error_file.parent.mkdir(parents=True)
-    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
 
-    def gives_up() -> None:
-        sys.exit("train.py: ran out of data")
+    def ends(code: str) -> subprocess.CompletedProcess:
+        """A forked worker's script ending: `_run` ends the process itself, with the script's code."""
+        source = f"import sys\nfrom trainflow.backends.script_main import _run\n_run(lambda: sys.exit({code}))\n"
+        env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file)}
+        return subprocess.run([sys.executable, "-c", source], env=env, capture_output=True, text=True, timeout=60)
 
-    with pytest.raises(SystemExit) as ended:
-        _run(gives_up)
-    assert ended.value.code == "train.py: ran out of data"  # the interpreter still prints it and exits 1
+    gave_up = ends('"train.py: ran out of data"')
+    assert gave_up.returncode == 1 and gave_up.stderr.strip() == "train.py: ran out of data", gave_up.stderr
     assert error_file_line(tmp_path, 0) == "SystemExit: train.py: ran out of data"
     failure = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(error_file))  # as torchrun reads it
     assert failure.message["message"] == "SystemExit: train.py: ran out of data" and failure.timestamp > 0
 
     error_file.unlink()
-    with pytest.raises(SystemExit):
-        _run(lambda: sys.exit(3))  # a bare exit code says nothing more than the code
+    assert ends("3").returncode == 3  # a bare exit code says nothing more than the code
     assert not error_file.exists()

@@ -4,7 +4,9 @@ word is kept where torchrun's failure report reads it.
 An uncaught exception is printed and the process exits 1, as the interpreter does; `sys.exit("why")`
 prints its message and exits 1 too, but leaves no traceback, so a report that looks for one finds
 nothing to quote. Here the message is also written to torchrun's error file for the rank (where
-torch's `@record` writes an exception), unless the script recorded one itself.
+torch's `@record` writes an exception), unless the script recorded one itself. A failing script's
+process ends with its own code once its threads and exit handlers are done, without the
+interpreter's teardown, where a gloo thread left in a collective would abort it (`_leave`).
 
 Warm workers (trainflow/backends/warm/) run every rank this way in a forked interpreter. A node
 whose ranks start as new interpreters (Slurm's, or the local backend without warm workers) gets the
@@ -14,13 +16,16 @@ script.py ARGS` in place of `python -u script.py ARGS`.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import runpy
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 MODULE = "trainflow.backends.script_main"
 
@@ -42,9 +47,13 @@ def _run(run_script) -> None:
     try:
         run_script()
     except SystemExit as exc:
-        if exc.code is not None and not isinstance(exc.code, int):
-            record_exit_message(str(exc.code))
-        raise
+        if exc.code is None or isinstance(exc.code, int):
+            if exc.code:
+                _leave(exc.code)
+            raise
+        record_exit_message(str(exc.code))
+        print(exc.code, file=sys.stderr)  # as the interpreter prints it
+        _leave(1)
     except BaseException as exc:
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__, "<frozen runpy>"):
@@ -55,8 +64,24 @@ def _run(run_script) -> None:
             sys.stderr.flush()
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
-        sys.exit(1)
+        _leave(1)
     sys.exit(0)
+
+
+def _leave(code: int) -> NoReturn:
+    """A failing script's end, with the code it chose. As at any exit, its threads are waited for
+    (a checkpoint still uploading) and its exit handlers run, but the interpreter is not torn down:
+    a rank leaving while its peers are still in a collective leaves a gloo worker thread in it, and
+    finalizing the interpreter under that thread aborts the process (SIGABRT), which would hide the
+    code and the reason."""
+    threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's own first step at exit
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    os._exit(code & 0xFF)  # as the interpreter ends with sys.exit(code)
 
 
 def record_exit_message(message: str) -> None:
