@@ -152,12 +152,12 @@ ORCHESTRATOR = textwrap.dedent("""
 """)
 
 WORKER = textwrap.dedent("""
-    import sys, tempfile, time
+    import sys, time
     from trainflow.relay.relay import NodeRelay
     from trainflow.runtime.reporter import StatusReporter
     address, token, through_relay = sys.argv[1], sys.argv[2], sys.argv[3] == "relay"
     if through_relay:
-        relay = NodeRelay(address, token, node=0, attempt=1, heartbeat_interval_s=0.2, scratch=tempfile.mkdtemp())
+        relay = NodeRelay(address, token, node=0, attempt=1, heartbeat_interval_s=0.2, scratch=sys.argv[5])
         address = relay.address
     StatusReporter(address, token, {"rank": 0, "node": 0, "attempt": 1, "pid": 1}, heartbeat_interval_s=0.2,
                    orchestrator_timeout_s=float(sys.argv[4]))
@@ -166,7 +166,7 @@ WORKER = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("path", ["relay", "direct"])
-def test_a_frozen_orchestrator_stops_its_workers_after_the_orchestrator_timeout(path):
+def test_a_frozen_orchestrator_stops_its_workers_after_the_orchestrator_timeout(path, tmp_path):
     orchestrator = subprocess.Popen(
         [sys.executable, "-c", ORCHESTRATOR], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
@@ -175,7 +175,7 @@ def test_a_frozen_orchestrator_stops_its_workers_after_the_orchestrator_timeout(
         channel = json.loads(orchestrator.stdout.readline())
         timeout_s = 5.0
         worker = subprocess.Popen(
-            [sys.executable, "-c", WORKER, channel["address"], channel["token"], path, str(timeout_s)],
+            [sys.executable, "-c", WORKER, channel["address"], channel["token"], path, str(timeout_s), str(tmp_path)],
             stderr=subprocess.PIPE,
             text=True,
         )
