@@ -4,6 +4,10 @@ Files are created with mode 0600 from the start (never widened first and narrowe
 so there is no moment at which another local user could open them. Folders are created 0700, and
 one that was there already is used only if it is this user's own folder, not a link, and no one
 else can write to it: another user who made it first would own whatever is put in it.
+
+A `volume` is a folder only this node's processes can reach whatever its mode: a Kubernetes pod's
+emptyDir, which the kubelet makes 0777 and no other pod mounts. Folders are made in it without the
+shared-folder check (no one else is there to replace them) and are checked once made, as always.
 """
 
 from __future__ import annotations
@@ -21,11 +25,11 @@ class UnsafeFolder(PermissionError):
     """A folder trainflow would keep private things in that another user could reach."""
 
 
-def private_folder(path: Path) -> Path:
+def private_folder(path: Path, volume: Path | None = None) -> Path:
     """Create `path`, and any missing parent, readable and enterable by the owner only. A `path`
     that exists already must be this user's own folder (not a link) that no one else can write to;
     one only others could read is narrowed to 0700, anything else is refused (UnsafeFolder)."""
-    make_folders(path)
+    make_folders(path, volume)
     info = os.lstat(path)
     _check_own_folder(path, info)
     if stat.S_IMODE(info.st_mode) & 0o022:
@@ -38,11 +42,11 @@ def private_folder(path: Path) -> Path:
     return path
 
 
-def make_folders(path: Path) -> Path:
+def make_folders(path: Path, volume: Path | None = None) -> Path:
     """Create the missing folders of `path`, each 0700 and checked to be this user's own folder
     once made (another user may have made it first); folders that existed are left as they are."""
     missing = [folder for folder in (path, *path.parents) if not os.path.lexists(folder)]
-    if missing:
+    if missing and missing[-1].parent != volume:
         _check_safe_to_create_in(missing[-1].parent)
     for folder in reversed(missing):
         folder.mkdir(mode=PRIVATE_FOLDER, exist_ok=True)

@@ -35,6 +35,9 @@ class WorkerConfig:
     heartbeat_interval_s: float
     orchestrator_timeout_s: float
     node_scratch: str
+    # a folder only this node's processes reach, whatever its mode (a pod's emptyDir): node_scratch
+    # is made in it by the node's agent (private_files.py)
+    scratch_volume: str | None = None
     divergence_check_every_steps: int = 0
     restore_prefix: str | None = None
     snapshot_every_s: float = 0.0  # checkpoint.snapshot_every_s: 0 snapshots every checkpoint
@@ -53,6 +56,11 @@ class WorkerConfig:
         """A new file readable by its owner only: it holds the status channel's token."""
         private_folder(path.parent)
         return write_private(path, json.dumps(asdict(self), indent=1))
+
+    def make_node_scratch(self) -> Path:
+        """The node's private scratch folder, made where the launcher could not make it (only the
+        node can: Slurm, Kubernetes)."""
+        return private_folder(Path(self.node_scratch), Path(self.scratch_volume) if self.scratch_volume else None)
 
     @classmethod
     def from_env(cls) -> WorkerConfig:

@@ -51,7 +51,7 @@ def spec_for(backend: str) -> RunSpec:
     [
         ("local", {ChecksSpec, ReplacesNodes, ProbesNodes, DumpsStacks, SharesScratch, *FAULTS}),
         ("slurm", {ChecksSpec, ReplacesNodes, ProbesNodes, DumpsStacks, SharesScratch, *FAULTS}),
-        ("kubernetes", {ChecksSpec, BuildsImage, ReplacesNodes, ProbesNodes, BindsStatusElsewhere, RendersManifests}),
+        ("kubernetes", {BuildsImage, ReplacesNodes, ProbesNodes, BindsStatusElsewhere, RendersManifests}),
     ],
 )
 def test_backend_abilities(backend, expected):

@@ -188,7 +188,8 @@ def test_each_pod_reads_its_own_worker_config(api):
         path = pod_view(template, node, index)["TRAINFLOW_WORKER_CONFIG"]
         key = path.removeprefix("/etc/trainflow/")
         config = json.loads(config_secret["stringData"][key])
-        assert config["node"] == node and config["attempt"] == 1 and config["node_scratch"] == "/scratch"
+        assert config["node"] == node and config["attempt"] == 1 and config["node_scratch"] == "/scratch/node"
+        assert config["scratch_volume"] == "/scratch"  # the pod's emptyDir, where the agent makes it
         assert config["status_address"] == "10.8.0.4:41234"
         seen.add(key)
     assert seen == set(config_secret["stringData"])
@@ -210,6 +211,7 @@ def test_rendezvous_is_at_node_zeros_dns_name(api, host):
     endpoint = command[command.index("--rdzv-endpoint") + 1]
     assert endpoint == f"{host.format(job=names.workload(1), svc=names.service)}:{RENDEZVOUS_PORT}"
     assert command[command.index("--max-restarts") + 1] == "0"
+    assert command[:3] == ["python", "-m", "trainflow.backends.agent"]  # the node agent: relay, plain copies
 
 
 def test_headless_service_selects_the_worker_pods_and_publishes_before_ready():

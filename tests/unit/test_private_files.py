@@ -8,6 +8,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,20 @@ def test_what_a_run_keeps_in_a_new_home_is_its_owners_alone(tmp_path, monkeypatc
     assert mode(home / "mlflow.db") == mode(runs_root() / "run-1" / MARKER) == 0o600
     for folder in (home / "checkpoints", home / "checkpoints/digits", home / "checkpoints/digits/run-1"):
         assert mode(folder) == 0o700, folder
+
+
+def test_a_node_scratch_is_made_in_its_pods_volume_and_in_no_other_open_folder(tmp_path, permissive_umask):
+    """A pod's emptyDir is 0777 without the sticky bit (the kubelet makes it so), yet only this
+    pod mounts it: the node's scratch is made there when the worker config names it the volume."""
+    volume = tmp_path / "scratch"
+    volume.mkdir(mode=0o777)
+    node = replace(config(tmp_path), node_scratch=str(volume / "node"))
+    with pytest.raises(UnsafeFolder, match="anyone can replace"):
+        node.make_node_scratch()  # an open folder that is not the pod's own
+    assert list(volume.iterdir()) == []
+    made = replace(node, scratch_volume=str(volume)).make_node_scratch()
+    assert made == volume / "node" and mode(made) == 0o700
+    other = tmp_path / "other"
+    other.mkdir(mode=0o777)
+    with pytest.raises(UnsafeFolder, match="anyone can replace"):  # the volume vouches for itself alone
+        replace(node, node_scratch=str(other / "node"), scratch_volume=str(volume)).make_node_scratch()

@@ -26,8 +26,18 @@ import sys
 import traceback
 
 
+def make_node_scratch() -> None:
+    """The node's private scratch folder (its relay's socket, a plain script's copies aside, the
+    node-local checkpoint tier), before anything is put in it."""
+    from trainflow.worker_config import CONFIG_ENV, WorkerConfig
+
+    if os.environ.get(CONFIG_ENV):  # else torchrun run by hand
+        WorkerConfig.from_env().make_node_scratch()
+
+
 def main() -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
     from trainflow.backends import bounded_output, quick_rendezvous, rank_records, script_main, store_sockets
@@ -35,6 +45,7 @@ def main() -> None:
     from trainflow.backends.plain_node import prepare_node
     from trainflow.relay.relay import start_for_node
 
+    make_node_scratch()
     copies = prepare_node(sys.argv)  # before the records' variable leaves the environment
     script_main.install()  # a rank that starts as a new interpreter runs its script as a warm one does
     quick_rendezvous.install_from_environment()
@@ -49,6 +60,11 @@ def main() -> None:
         torchrun()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except ChildFailedError as exc:
+        # torchrun's failure report, without the agent's own traceback in front of it: the lines
+        # before the report are the ranks' (a pod's log is read from the cluster as it is)
+        print(f"trainflow: the script's workers failed; torchrun's report:{exc}", file=sys.stderr)
+        code = 1
     except SignalException as exc:
         print(f"trainflow: torchrun's agent stopped by {exc.sigval.name}", file=sys.stderr)
         code = 128 + int(exc.sigval)

@@ -76,6 +76,19 @@ def failed_ranks(node_log: Path) -> list[RankExit]:
     return sorted(exits, key=lambda e: not e.root_cause)
 
 
+def output_before_report(node_log: Path, lines: int = STDERR_TAIL_LINES) -> list[str]:
+    """The last lines of a node's log before its agent's last failure report, without torch's INFO
+    chatter: where the node's ranks write into the log itself (a pod's), their last words."""
+    text = _read_tail(node_log, REPORT_TAIL_BYTES)
+    start = text.rfind("Failures:")
+    if start < 0:
+        return []
+    header = text.rfind("=" * 20, 0, start)
+    before = text[: text.rfind("\n", 0, header) + 1 if header >= 0 else start]
+    kept = [line.rstrip() for line in before.splitlines() if line.strip() and not _CPP_INFO.match(line)]
+    return kept[-lines:]
+
+
 def stderr_tail(log_dir: Path, local_rank: int, lines: int = STDERR_TAIL_LINES) -> list[str]:
     """The last lines a local rank wrote to stderr, without torch's INFO chatter."""
     text = _read_tail(rank_stderr_path(log_dir, local_rank), STDERR_TAIL_BYTES)

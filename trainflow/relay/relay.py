@@ -1,7 +1,6 @@
 """A node's relay: its ranks report here (a Unix socket in the node's private scratch), and it sends
 one stream for the whole node to the orchestrator (status_protocol.py: NodeHello, NodeReport,
-RankEvent). It runs in the node's torchrun agent (trainflow.backends.agent: the local and Slurm
-backends'; a Kubernetes pod's ranks, under the image's own torchrun, report directly).
+RankEvent). It runs in the node's torchrun agent (trainflow.backends.agent), on every backend.
 
 Events (a checkpoint committed, an error) and a step once every rank of the node has reported it
 are sent at once, the rest with the next report. A rank's connection counts once its hello carries the
@@ -26,7 +25,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from trainflow.contracts.status_protocol import (
     PROTOCOL_VERSION,
@@ -40,7 +38,6 @@ from trainflow.contracts.status_protocol import (
     decode,
     encode,
 )
-from trainflow.private_files import private_folder
 from trainflow.relay.aggregator import NodeAggregator
 from trainflow.relay.lines import LineBuffer, LineTooLong
 from trainflow.relay.link import StreamLink
@@ -284,8 +281,6 @@ def start_for_node() -> NodeRelay | None:
     if not os.environ.get(CONFIG_ENV):
         return None
     config = WorkerConfig.from_env()
-    if config.node_scratch:  # where the launcher could not make it (Slurm: only the node can)
-        private_folder(Path(config.node_scratch))
     relay = NodeRelay(
         config.status_address,
         config.status_token,

@@ -33,6 +33,8 @@ class KubernetesAttempt(AttemptHandle):
     polled_at: float = float("-inf")
     api_errors: list[str] = field(default_factory=list)
     log_max_bytes: int = 32 * 2**20  # what each pod's kept log may hold (tracking.max_node_log_mb)
+    ranks_per_pod: int = 1
+    evidence: dict[str, dict] = field(default_factory=dict)  # a failed pod's name -> what its log says
 
 
 @dataclass

@@ -22,9 +22,10 @@ from trainflow.backends.abilities import RenderError
 from trainflow.backends.base import AttemptHandle, AttemptPlan, NodeExit, ReleaseReport
 from trainflow.backends.kubernetes.allocation import KubernetesAllocation, KubernetesAttempt, KubernetesReleaseReport
 from trainflow.backends.kubernetes.build import S3Objects, build_in_cluster
-from trainflow.backends.kubernetes.classify import PodExit, node_index
+from trainflow.backends.kubernetes.classify import NEVER_STARTED, VANISHED, PodExit, node_index
 from trainflow.backends.kubernetes.cluster import Cluster, ClusterError, KubeCluster
 from trainflow.backends.kubernetes.config import LaunchApi, kubernetes_config
+from trainflow.backends.kubernetes.evidence import pod_evidence
 from trainflow.backends.kubernetes.fits import ProvisionError, check_cluster_fits, status_host_for
 from trainflow.backends.kubernetes.image import ImageError, planned_image
 from trainflow.backends.kubernetes.kueue import with_queue
@@ -49,7 +50,7 @@ from trainflow.backends.kubernetes.workloads import JOB_API, PYTORCH_CONTAINER, 
 from trainflow.backends.worker import secret_environment
 from trainflow.private_files import private_folder
 from trainflow.repro.environment import PROJECT_ROOT
-from trainflow.runspec import RunSpec, SpecError
+from trainflow.runspec import RunSpec
 
 __all__ = ["KubernetesLauncher", "LaunchError", "ProvisionError"]
 
@@ -94,14 +95,6 @@ class KubernetesLauncher:
         if self._cluster is None:
             self._cluster = KubeCluster()
         return self._cluster
-
-    def preflight(self, spec: RunSpec) -> None:
-        """What this backend cannot do, refused before anything is provisioned."""
-        if spec.workload.plain.checkpoint_dir:
-            raise SpecError(
-                "workload.plain.checkpoint_dir is not available on the kubernetes backend: its pods "
-                "run torchrun without trainflow's node agent, which copies and restores the folder"
-            )
 
     # provision ------------------------------------------------------------------------------
 
@@ -214,6 +207,7 @@ class KubernetesLauncher:
             observer=PodObserver(nodes, container, spec.resources.memory, self.pull_patience_s),
             exits=[PodExit(node, None) for node in range(nodes)],
             log_max_bytes=int(spec.tracking.max_node_log_mb * 2**20),
+            ranks_per_pod=spec.resources.procs_per_node,
         )
         handle.slots = list(range(nodes))
         return handle
@@ -245,8 +239,20 @@ class KubernetesLauncher:
         except ClusterError as exc:
             handle.api_errors.append(str(exc))  # a passing API hiccup; heartbeats still tell node health
             return handle.exits
-        handle.exits = handle.observer.update(pods, jobs, now)
+        handle.exits = [self._with_evidence(handle, exit_) for exit_ in handle.observer.update(pods, jobs, now)]
         return handle.exits
+
+    def _with_evidence(self, handle: KubernetesAttempt, exit_: PodExit) -> PodExit:
+        """A pod that failed, with what its log says about its ranks (read once, kept as the node's log)."""
+        if exit_.returncode in (None, 0, NEVER_STARTED, VANISHED) or not exit_.pod:
+            return exit_
+        if exit_.pod not in handle.evidence:
+            container = handle.observer.container if handle.observer else CONTAINER
+            pod = {"metadata": {"name": exit_.pod}}
+            tail = log_tail(self.cluster, handle.namespace, pod, container, LOG_TAIL_LINES)
+            handle.logs[exit_.node].write_text(kept_log(tail, LOG_TAIL_LINES, handle.log_max_bytes))
+            handle.evidence[exit_.pod] = pod_evidence(handle.logs[exit_.node], handle.ranks_per_pod)
+        return dataclasses.replace(exit_, **handle.evidence[exit_.pod])
 
     def describe(self, handle: KubernetesAttempt) -> dict:
         """What each node's pod is doing, as last seen: evidence for startup timeouts and reports."""

@@ -12,10 +12,17 @@ from pathlib import Path
 from trainflow.backends.base import AttemptPlan
 from trainflow.backends.kubernetes.config import kubernetes_config
 from trainflow.backends.kubernetes.names import LABEL_COMPONENT, LABEL_RUN, RENDEZVOUS, WORKER_CONFIG, WORKERS, RunNames
-from trainflow.backends.kubernetes.pod import RENDEZVOUS_PORT, SCRATCH_DIR, SECRET_ENV_KEY, config_keys
+from trainflow.backends.kubernetes.pod import (
+    NODE_SCRATCH_DIR,
+    RENDEZVOUS_PORT,
+    SCRATCH_DIR,
+    SECRET_ENV_KEY,
+    config_keys,
+)
 from trainflow.backends.kubernetes.workloads import Attempt, workload
 from trainflow.backends.worker import worker_config
 from trainflow.runspec import RunSpec
+from trainflow.worker_config import WorkerConfig
 
 
 def headless_service(spec: RunSpec, run_id: str) -> dict:
@@ -46,9 +53,14 @@ def worker_configs(spec: RunSpec, run_id: str, plan: AttemptPlan) -> dict[str, s
     """Secret key -> the worker config JSON of that node (the local backend's file, verbatim)."""
     keys = config_keys(kubernetes_config(spec).launch_api, spec.resources.nodes)
     return {
-        key: json.dumps(dataclasses.asdict(worker_config(spec, run_id, plan, node, Path(SCRATCH_DIR))), indent=1)
+        key: json.dumps(dataclasses.asdict(pod_worker_config(spec, run_id, plan, node)), indent=1)
         for key, node in keys.items()
     }
+
+
+def pod_worker_config(spec: RunSpec, run_id: str, plan: AttemptPlan, node: int) -> WorkerConfig:
+    config = worker_config(spec, run_id, plan, node, Path(NODE_SCRATCH_DIR))
+    return dataclasses.replace(config, scratch_volume=SCRATCH_DIR)
 
 
 def worker_config_secret(spec: RunSpec, run_id: str, plan: AttemptPlan, secret_env: Mapping[str, str]) -> dict:

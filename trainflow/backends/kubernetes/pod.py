@@ -1,5 +1,6 @@
-"""The pod every node of an attempt runs: torchrun with c10d rendezvous, the worker config, the
-node-local checkpoint tier, and the resources, placement and grace the spec asks for.
+"""The pod every node of an attempt runs: trainflow's node agent (torchrun with c10d rendezvous,
+the node's status relay, a plain script's own checkpoints: trainflow/backends/agent.py), the worker
+config, the node-local checkpoint tier, and the resources, placement and grace the spec asks for.
 
 A pod learns which node it is from the cluster (the Job completion index, or the PyTorchJob
 replica index) through the downward API, and reads its own key of the attempt's worker-config
@@ -20,7 +21,8 @@ from trainflow.worker_config import CONFIG_ENV, JOB_ENV
 CONTAINER = "trainer"
 RENDEZVOUS_PORT = 29400
 CONFIG_DIR = "/etc/trainflow"
-SCRATCH_DIR = "/scratch"
+SCRATCH_DIR = "/scratch"  # the pod's emptyDir: the kubelet makes it 0777, and only this pod mounts it
+NODE_SCRATCH_DIR = f"{SCRATCH_DIR}/node"  # the node's private scratch, made in it by the agent
 WORKDIR = "/app"
 GPU_RESOURCE = "nvidia.com/gpu"
 SECRET_ENV_KEY = "env.{name}"  # the worker-config Secret's key holding a workload.secret_env value
@@ -56,11 +58,12 @@ def resources(spec: RunSpec) -> dict:
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
-def torchrun_command(spec: RunSpec, rendezvous_host: str, rendezvous_id: str) -> list[str]:
+def agent_command(spec: RunSpec, rendezvous_host: str, rendezvous_id: str) -> list[str]:
+    """torchrun's command line, run by trainflow's node agent (as on the other backends)."""
     return [
         "python",
         "-m",
-        "torch.distributed.run",
+        "trainflow.backends.agent",
         "--nnodes",
         str(spec.resources.nodes),
         "--nproc-per-node",

@@ -22,9 +22,9 @@ from trainflow.backends.kubernetes.names import KUEUE_QUEUE_LABEL, WORKERS, RunN
 from trainflow.backends.kubernetes.pod import (
     CONTAINER,
     NodeIdentity,
+    agent_command,
     completion_index_identity,
     pod_template,
-    torchrun_command,
 )
 from trainflow.runspec import RunSpec
 
@@ -71,7 +71,7 @@ def _metadata(attempt: Attempt) -> dict:
 
 def _indexed_job_spec(attempt: Attempt, rendezvous_host: str, subdomain: str | None) -> dict:
     nodes = attempt.spec.resources.nodes
-    command = torchrun_command(attempt.spec, rendezvous_host, attempt.rendezvous_id)
+    command = agent_command(attempt.spec, rendezvous_host, attempt.rendezvous_id)
     template = pod_template(
         attempt.spec,
         attempt.run_id,
@@ -128,7 +128,7 @@ def jobset(attempt: Attempt) -> dict:
 
 def pytorchjob(attempt: Attempt) -> dict:
     nodes = attempt.spec.resources.nodes
-    command = torchrun_command(attempt.spec, f"{attempt.name}-master-0", attempt.rendezvous_id)
+    command = agent_command(attempt.spec, f"{attempt.name}-master-0", attempt.rendezvous_id)
 
     def template(identity: NodeIdentity) -> dict:
         return pod_template(
