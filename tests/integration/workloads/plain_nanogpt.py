@@ -4,7 +4,8 @@ from its iteration. It never imports trainflow.runtime.
 
 Each start appends (TRAINFLOW_ATTEMPT, the iteration it starts from) to the checkpoint's `starts`,
 so the last checkpoint tells where every attempt began. Asked to, it fails once (`--fail-once
-MARKER`: only while MARKER does not exist, which it then creates) at an iteration, by exit code or
+MARKER`: only while MARKER does not exist, which it then creates; or `--fail-in-attempt N`: in
+trainflow's attempt N, where no file outlives a node, as in a pod) at an iteration, by exit code or
 a signal, first waiting until its process is `--fail-not-before-s` old and, with
 `--fail-once-copied-to URI`, until a copy of its checkpoint is committed there (so a retry has one
 to resume from whatever the machine's load); `--remove-out` then deletes its folder, as a node
@@ -42,13 +43,20 @@ def fail(args) -> None:
     deadline = time.time() + 120
     while args.fail_once_copied_to and not committed_copy(args.fail_once_copied_to) and time.time() < deadline:
         time.sleep(0.1)
-    Path(args.fail_once).touch()
+    if args.fail_once:
+        Path(args.fail_once).touch()
     if args.remove_out:
         shutil.rmtree(args.out_dir)
     print(f"failing at iteration {args.fail_at_iter}", file=sys.stderr, flush=True)
     if args.fail_signal:
         os.kill(os.getpid(), getattr(signal, args.fail_signal))
     os._exit(args.fail_code)
+
+
+def failing_now(args) -> bool:
+    if args.fail_in_attempt is not None:
+        return os.environ.get("TRAINFLOW_ATTEMPT") == str(args.fail_in_attempt)
+    return bool(args.fail_once) and not Path(args.fail_once).exists()
 
 
 def main() -> None:
@@ -59,6 +67,7 @@ def main() -> None:
     parser.add_argument("--ckpt_every", type=int, default=10)
     parser.add_argument("--iter_sleep_s", type=float, default=0.0)
     parser.add_argument("--fail-once", default=None)
+    parser.add_argument("--fail-in-attempt", type=int, default=None)
     parser.add_argument("--fail-at-iter", type=int, default=30)
     parser.add_argument("--fail-rank", type=int, default=0)
     parser.add_argument("--fail-code", type=int, default=1)
@@ -100,9 +109,8 @@ def main() -> None:
                 },
                 out / "ckpt.pt",
             )
-        if args.fail_once and iter_num == args.fail_at_iter and not Path(args.fail_once).exists():
-            if rank == args.fail_rank:
-                fail(args)
+        if iter_num == args.fail_at_iter and rank == args.fail_rank and failing_now(args):
+            fail(args)
         time.sleep(args.iter_sleep_s)
     print(f"rank {rank} done at iteration {iter_num}", flush=True)
     dist.barrier()  # without it a rank can abort at exit while its peer still ends the last all-reduce
