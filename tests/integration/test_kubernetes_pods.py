@@ -15,6 +15,7 @@ from pathlib import Path
 import boto3
 import pytest
 import torch
+from prefect.logging.handlers import APILogHandler
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 import tasks.provision
@@ -120,6 +121,7 @@ def on_pods(pod_network, pod_s3, prefect_api, tmp_path, monkeypatch):
         )
         with temporary_settings({PREFECT_API_URL: prefect_api}):  # the session's server, not a temporary one
             state = training_lifecycle(spec, return_state=True)
+            APILogHandler().flush()  # the flow's logs reach the server while it is there
         summary = state.result(raise_on_failure=False)
         assert isinstance(summary, dict), summary
         return summary

@@ -190,6 +190,7 @@ def test_each_pod_reads_its_own_worker_config(api):
         config = json.loads(config_secret["stringData"][key])
         assert config["node"] == node and config["attempt"] == 1 and config["node_scratch"] == "/scratch/node"
         assert config["scratch_volume"] == "/scratch"  # the pod's emptyDir, where the agent makes it
+        assert pod_view(template, node, index)["TRAINFLOW_RANK_RECORDS"] == "/scratch/node/ranks"
         assert config["status_address"] == "10.8.0.4:41234"
         seen.add(key)
     assert seen == set(config_secret["stringData"])

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from trainflow.backends.kubernetes.config import LaunchApi, kubernetes_config
 from trainflow.backends.kubernetes.names import LABEL_ATTEMPT, LABEL_RUN, WORKERS, RunNames
+from trainflow.backends.rank_records import RECORDS_ENV
 from trainflow.runspec import RunSpec
 from trainflow.worker_config import CONFIG_ENV, JOB_ENV
 
@@ -23,6 +24,7 @@ RENDEZVOUS_PORT = 29400
 CONFIG_DIR = "/etc/trainflow"
 SCRATCH_DIR = "/scratch"  # the pod's emptyDir: the kubelet makes it 0777, and only this pod mounts it
 NODE_SCRATCH_DIR = f"{SCRATCH_DIR}/node"  # the node's private scratch, made in it by the agent
+RANK_RECORDS = "ranks"
 WORKDIR = "/app"
 GPU_RESOURCE = "nvidia.com/gpu"
 SECRET_ENV_KEY = "env.{name}"  # the worker-config Secret's key holding a workload.secret_env value
@@ -89,6 +91,8 @@ def environment(spec: RunSpec, run_id: str, identity: NodeIdentity) -> list[dict
         {"name": JOB_ENV, "value": run_id},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         {"name": "OMP_NUM_THREADS", "value": str(threads)},
+        # the agent's record of its ranks' exits: no copy of a plain script's folder after a rank failed
+        {"name": RECORDS_ENV, "value": f"{NODE_SCRATCH_DIR}/{RANK_RECORDS}"},
         *identity.env,
         # $(VAR) expands variables defined earlier in this list, so the key is the pod's own
         {"name": CONFIG_ENV, "value": f"{CONFIG_DIR}/{identity.config_key}"},
