@@ -137,16 +137,24 @@ def pod_addresses(network: NodeNetwork) -> set[str]:
     return {network.node_address(node) for node in range(NODES)}
 
 
-def test_pods_run_the_node_agent_whose_relay_speaks_for_their_ranks(on_pods, pod_network):
+def test_pods_run_the_node_agent_whose_relay_speaks_for_their_ranks_and_a_crash_resumes_in_new_pods(
+    on_pods, pod_network
+):
     run, cluster, streams = on_pods
     uri = unique_prefix()
-    summary = run({"entrypoint": "examples/digits/train.py", "args": ["--lr", "0.05"], "steps": 30}, uri)
-    assert [a["outcome"] for a in summary["attempts"]] == ["SUCCEEDED"], summary["attempts"]
+    args = ["--fail-at-step", "12", "--in-attempt", "1"]  # rank 1 (node 1's) exits 3 at step 12 of attempt 1
+    summary = run({"entrypoint": "tests/integration/workloads/fail_once.py", "args": args, "steps": 30}, uri)
+    attempts = summary["attempts"]
+    assert [a["outcome"] for a in attempts] == ["CRASHED", "SUCCEEDED"], [a["reason"] for a in attempts]
+    assert "rank 1" in attempts[0]["reason"] and "code 3" in attempts[0]["reason"], attempts[0]["reason"]
+    # the new pods' local tier is empty: the shards of step 10 came from S3
+    assert attempts[1]["resumed_from_step"] == 10, attempts[1]
     commands = {tuple(pod["spec"]["containers"][0]["command"][:3]) for pod in cluster.pods_run}
     assert commands == {("python", "-m", "trainflow.backends.agent")}
+    assert len(cluster.pods_run) == 2 * NODES
     # one stream per pod, its relay's, from the pod's own address; no rank dialed the orchestrator
     relays = [(NodeHello.__name__, node, pod_network.node_address(node)) for node in range(NODES)]
-    assert sorted(streams) == relays
+    assert sorted(streams) == sorted(relays * 2)
     final = latest_verified(open_storage(uri), summary["run_id"])
     assert final is not None and final.step == 30
 
