@@ -79,7 +79,7 @@ class PodSandbox:
     # start ------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        for part in ("upper", "work", "root", "volumes"):
+        for part in ("image-files", "layers", "root", "volumes"):
             (self.folder / part).mkdir(parents=True)
         mounts = self._volumes()
         self._image_files()
@@ -141,7 +141,7 @@ class PodSandbox:
     def _image_files(self) -> None:
         """What the image has that this machine's root lacks: the image's user and home, the pod's
         name service, and a way for that user to the interpreter."""
-        upper = self.folder / "upper"
+        upper = self.folder / "image-files"
         etc = upper / "etc"
         etc.mkdir()
         hostname = self.pod["spec"].get("hostname") or self.name
@@ -210,10 +210,15 @@ class PodSandbox:
     def _setup_script(self, mounts: list[tuple[Path, str, str]]) -> str:
         """Run as root in the pod's new namespaces: its root, then the command as the image's user."""
         q = shlex.quote
-        root, upper, work = (q(str(self.folder / part)) for part in ("root", "upper", "work"))
+        root, files, layers = (q(str(self.folder / part)) for part in ("root", "image-files", "layers"))
         lines = [
             "set -e",
-            f"mount -t overlay overlay -o lowerdir=/,upperdir={upper},workdir={work} {root}",
+            # the container's writable layer in memory: an overlay's upper layer cannot be on every
+            # filesystem this machine's root may be (another overlay), and it goes with the pod
+            f"mount -t tmpfs -o mode=0755 tmpfs {layers}",
+            f"mkdir {layers}/upper {layers}/work",
+            f"cp -a {files}/. {layers}/upper/",
+            f"mount -t overlay overlay -o lowerdir=/,upperdir={layers}/upper,workdir={layers}/work {root}",
             f"mount -t proc proc {root}/proc",
             f"mount --rbind /dev {root}/dev",
             f"mount --rbind /sys {root}/sys",
