@@ -25,6 +25,7 @@ from tests.kubernetes.running_cluster import RunningCluster
 from tests.servers import BIN, BUCKET, s3_environment, start_server
 from trainflow import backends
 from trainflow.backends.kubernetes.launcher import KubernetesLauncher
+from trainflow.backends.kubernetes.workloads import JOBSET_API, PYTORCHJOB_API
 from trainflow.backends.netns import NodeNetwork
 from trainflow.backends.ports import free_port
 from trainflow.checkpoint.catalog import latest_verified
@@ -81,7 +82,7 @@ def on_pods(pod_network, pod_s3, prefect_api, tmp_path, monkeypatch):
     s3_env = s3_environment(pod_s3)
     for name, value in {**s3_env, "TRAINFLOW_HOME": str(tmp_path / "home")}.items():
         monkeypatch.setenv(name, value)
-    cluster = RunningCluster(pod_network, tmp_path / "pods")
+    cluster = RunningCluster(pod_network, tmp_path / "pods", crds=(JOBSET_API, PYTORCHJOB_API))
     cluster.add(
         {
             "apiVersion": "v1",
@@ -101,7 +102,7 @@ def on_pods(pod_network, pod_s3, prefect_api, tmp_path, monkeypatch):
 
     monkeypatch.setattr(tasks.provision, "StatusServer", Channel)
 
-    def run(workload: dict, uri: str, every_steps: int = 10, **fault_tolerance) -> dict:
+    def run(workload: dict, uri: str, every_steps: int = 10, launch_api="indexed-job", **fault_tolerance) -> dict:
         spec = RunSpec.model_validate(
             {
                 "name": "pods-here",
@@ -115,6 +116,7 @@ def on_pods(pod_network, pod_s3, prefect_api, tmp_path, monkeypatch):
                     "image": "registry.example.com/ml/trainflow:pods-here",
                     "s3_secret": S3_SECRET,
                     "status_host": pod_network.host_address,
+                    "launch_api": launch_api,
                 },
                 "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "pods-here"},
             }
@@ -157,6 +159,18 @@ def test_pods_run_the_node_agent_whose_relay_speaks_for_their_ranks_and_a_crash_
     assert sorted(streams) == sorted(relays * 2)
     final = latest_verified(open_storage(uri), summary["run_id"])
     assert final is not None and final.step == 30
+
+
+@pytest.mark.parametrize(("launch_api", "kind"), [("jobset", "JobSet"), ("pytorchjob", "PyTorchJob")])
+def test_the_pods_of_every_launch_api_run_the_node_agent(on_pods, pod_network, launch_api, kind):
+    run, cluster, streams = on_pods
+    uri = unique_prefix()
+    summary = run({"entrypoint": "examples/digits/train.py", "steps": 10}, uri, every_steps=5, launch_api=launch_api)
+    assert [a["outcome"] for a in summary["attempts"]] == ["SUCCEEDED"], summary["attempts"]
+    assert {pod["metadata"]["labels"]["fake/owner"].split("/")[0] for pod in cluster.pods_run} == {kind}
+    relays = [(NodeHello.__name__, node, pod_network.node_address(node)) for node in range(NODES)]
+    assert sorted(streams) == relays
+    assert latest_verified(open_storage(uri), summary["run_id"]).step == 10
 
 
 def test_a_plain_script_in_a_new_pod_resumes_from_its_own_checkpoint_copied_to_s3(on_pods, pod_network, tmp_path):

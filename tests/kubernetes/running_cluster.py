@@ -1,27 +1,27 @@
-"""A cluster whose worker pods really run: the in-memory API of fake_cluster.py, with a Job
-controller and kubelets that run each pod of an Indexed Job on this machine (pod_sandbox.py), one
-pod per machine of a `NodeNetwork`. What the launcher reads back (pod statuses, logs, a Job's
-failure) comes from those processes.
+"""A cluster whose worker pods really run: the in-memory API of fake_cluster.py, with the
+controllers of the three launch APIs (an Indexed Job, a JobSet, a PyTorchJob) and kubelets that run
+each pod on this machine (pod_sandbox.py), one pod per machine of a `NodeNetwork`. What the
+launcher reads back (pod statuses, logs, a Job's failure) comes from those processes.
 
-Only what the tests use is played: Indexed Jobs, one container per pod, secret and emptyDir
-volumes. Deleting a pod ends it as a kubelet would (SIGTERM, SIGKILL after its grace period); the
-pod object stays, terminating, until its processes are gone.
+Only what the tests use is played: each pod's name, hostname, labels and DNS names as the
+controllers and a headless Service give them (tests/kubernetes/pod_names.py), one container per
+pod, secret and emptyDir volumes. Deleting a pod ends it as a kubelet would (SIGTERM, SIGKILL
+after its grace period); the pod object stays, terminating, until its processes are gone.
 """
 
 from __future__ import annotations
 
 import copy
-import secrets
 import threading
 from pathlib import Path
 
 from tests.kubernetes.fake_cluster import FakeCluster
+from tests.kubernetes.pod_names import dns_names, pods_of, suspended
 from tests.kubernetes.pod_sandbox import PodSandbox, secret_data
 from trainflow.backends.kubernetes.cluster import ClusterError
 from trainflow.backends.netns import NodeNetwork
 
-COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-CLUSTER_DOMAIN = "svc.cluster.local"
+WORKLOADS = ("Job", "JobSet", "PyTorchJob")
 BACKOFF_LIMIT = "Job has reached the specified backoff limit"
 COMPLETED = "Reached expected number of succeeded pods"
 
@@ -42,9 +42,9 @@ class RunningCluster(FakeCluster):
         with self._lock:
             created = super().create(doc)
             labels = doc["metadata"].get("labels") or {}
-            if doc["kind"] == "Job" and labels.get("trainflow.dev/component") == "workers":
-                if not doc["spec"].get("suspend"):
-                    self._run_job(doc)
+            if doc["kind"] in WORKLOADS and labels.get("trainflow.dev/component") == "workers":
+                if not suspended(doc):
+                    self._run_workload(doc)
             return created
 
     def get(self, api_version, kind, namespace, name):
@@ -63,9 +63,9 @@ class RunningCluster(FakeCluster):
                 self._call("delete", api_version, kind)
                 self.deleted.append((kind, name, grace_s))
                 return self._delete_pod(namespace, name, grace_s)
-            if kind == "Job":  # foreground: its pods first
+            if kind in WORKLOADS:  # foreground: its pods first
                 for pod in self.of_kind("Pod"):
-                    if (pod["metadata"].get("labels") or {}).get("fake/owner") == f"Job/{name}":
+                    if (pod["metadata"].get("labels") or {}).get("fake/owner") == f"{kind}/{name}":
                         self._delete_pod(namespace, pod["metadata"]["name"], None)
                 self._call("delete", api_version, kind)
                 self.deleted.append((kind, name, grace_s))
@@ -82,37 +82,16 @@ class RunningCluster(FakeCluster):
 
     # the Job controller and the kubelets ----------------------------------------------------------
 
-    def _run_job(self, job: dict) -> None:
-        meta, spec = job["metadata"], job["spec"]
-        name, namespace = meta["name"], meta["namespace"]
-        template = spec["template"]
-        subdomain = template["spec"].get("subdomain")
-        hosts = {}
-        for index in range(spec["completions"]):
-            address = self.network.node_address(index)
-            if subdomain:
-                hosts[f"{name}-{index}.{subdomain}"] = address
-                hosts[f"{name}-{index}.{subdomain}.{namespace}.{CLUSTER_DOMAIN}"] = address
-        for index in range(spec["completions"]):
-            pod = {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": f"{name}-{index}-{secrets.token_hex(3)}",
-                    "namespace": namespace,
-                    "creationTimestamp": "",
-                    "labels": {
-                        **(template["metadata"].get("labels") or {}),
-                        "job-name": name,
-                        COMPLETION_INDEX: str(index),
-                        "fake/owner": f"Job/{name}",
-                    },
-                    "annotations": {**(template["metadata"].get("annotations") or {}), COMPLETION_INDEX: str(index)},
-                },
-                "spec": {**copy.deepcopy(template["spec"]), "hostname": f"{name}-{index}"},
-            }
+    def _run_workload(self, workload: dict) -> None:
+        """Each node's pod, as the workload's controller would create it, started on its machine."""
+        namespace = workload["metadata"]["namespace"]
+        pods = list(pods_of(workload))
+        hosts = {name: self.network.node_address(node) for node, pod in pods for name in dns_names(pod, namespace)}
+        for node, pod in pods:
+            pod["metadata"]["namespace"] = namespace
+            pod["metadata"]["labels"]["fake/owner"] = f"{workload['kind']}/{workload['metadata']['name']}"
             sandbox = PodSandbox(
-                pod, self.folder / pod["metadata"]["name"], self.network, index, hosts, self._secret_of(namespace)
+                pod, self.folder / pod["metadata"]["name"], self.network, node, hosts, self._secret_of(namespace)
             )
             sandbox.start()
             pod["metadata"]["creationTimestamp"] = sandbox.started_at
