@@ -31,6 +31,11 @@ Traceback (most recent call last):
 ValueError: the batch is empty
 E1207 06:59:38.404000 1 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0
 """
+# what the agent says on its way out when the peer hosting the rendezvous store left first
+AGENT_SHUTDOWN = """[W1207 06:59:38.048282117 TCPStore.cpp:115] [c10d] recvVector failed on SocketImpl(fd=5): Failed to recv
+W1207 06:59:38.701000 1 torch/distributed/elastic/rendezvous/dynamic_rendezvous.py:1298] The node 'run-a1-1' \
+has failed to shutdown the rendezvous 'run-1' due to an error of type RendezvousConnectionError.
+"""
 
 
 def test_a_pod_of_one_rank_gives_that_rank_and_its_exception(tmp_path):
@@ -42,6 +47,14 @@ def test_a_pod_of_one_rank_gives_that_rank_and_its_exception(tmp_path):
     assert exception_line(rank.stderr_tail) == "ValueError: the batch is empty"
     assert not any("FAILED" in line or "gloo chatter" in line for line in rank.stderr_tail)
     assert evidence["worker_returncode"] == 1 and evidence["log_tail"] == ()
+
+
+def test_a_pod_of_one_rank_leaves_its_agents_shutdown_out_of_the_ranks_words(tmp_path):
+    log = tmp_path / "node-1.log"
+    log.write_text(RANK_OUTPUT + AGENT_SHUTDOWN + REPORT.format(rank=1))
+    [rank] = pod_evidence(log, ranks_per_pod=1)["ranks"]
+    assert rank.stderr_tail[-1] == "ValueError: the batch is empty"
+    assert not any("rendezvous" in line or "exitcode" in line for line in rank.stderr_tail)
 
 
 def test_a_pod_of_several_ranks_names_the_rank_but_quotes_no_line_of_a_mixed_log(tmp_path):

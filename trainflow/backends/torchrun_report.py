@@ -30,6 +30,9 @@ _ROOT_CAUSE_EXITCODE = re.compile(r"Root Cause.*?exitcode\s*:\s*(-?\d+)", re.S)
 # torch's log lines at INFO level (TORCH_CPP_LOG_LEVEL=INFO puts them into every worker's stderr),
 # with or without the "[rank3]:" torch puts in front
 _CPP_INFO = re.compile(r"^(\[rank\d+\]:)?\[?I\d{4} \d\d:\d\d:\d\d")
+# the agent's line on seeing a worker fail: what it logs after it (stopping the other workers,
+# leaving a rendezvous whose store a peer took with it) is the agent's shutdown, not the rank's words
+_AGENT_SAW_FAILURE = re.compile(r"\] failed \(exitcode: -?\d+\) local_rank: \d+")
 
 
 def _read_tail(path: Path, size: int) -> str:
@@ -77,7 +80,7 @@ def failed_ranks(node_log: Path) -> list[RankExit]:
 
 
 def output_before_report(node_log: Path, lines: int = STDERR_TAIL_LINES) -> list[str]:
-    """The last lines of a node's log before its agent's last failure report, without torch's INFO
+    """The last lines of a node's log before its agent saw a worker fail, without torch's INFO
     chatter: where the node's ranks write into the log itself (a pod's), their last words."""
     text = _read_tail(node_log, REPORT_TAIL_BYTES)
     start = text.rfind("Failures:")
@@ -86,6 +89,9 @@ def output_before_report(node_log: Path, lines: int = STDERR_TAIL_LINES) -> list
     header = text.rfind("=" * 20, 0, start)
     before = text[: text.rfind("\n", 0, header) + 1 if header >= 0 else start]
     kept = [line.rstrip() for line in before.splitlines() if line.strip() and not _CPP_INFO.match(line)]
+    seen = [i for i, line in enumerate(kept) if _AGENT_SAW_FAILURE.search(line)]
+    if seen:
+        kept = kept[: seen[-1]]
     return kept[-lines:]
 
 
