@@ -32,7 +32,7 @@ ValueError: the batch is empty
 E1207 06:59:38.404000 1 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0
 """
 # what the agent says on its way out when the peer hosting the rendezvous store left first
-AGENT_SHUTDOWN = """[W1207 06:59:38.048282117 TCPStore.cpp:115] [c10d] recvVector failed on SocketImpl(fd=5): Failed to recv
+AGENT_SHUTDOWN = """[W1207 06:59:38.048282117 TCPStore.cpp:115] [c10d] recvVector failed: Failed to recv
 W1207 06:59:38.701000 1 torch/distributed/elastic/rendezvous/dynamic_rendezvous.py:1298] The node 'run-a1-1' \
 has failed to shutdown the rendezvous 'run-1' due to an error of type RendezvousConnectionError.
 """

@@ -13,6 +13,7 @@ from trainflow.backends.base import AttemptHandle, NodeExit, RankExit
 from trainflow.contracts.status_protocol import (
     PROTOCOL_VERSION,
     Checkpoint,
+    Error,
     Finished,
     NodeHello,
     Progress,
@@ -528,6 +529,49 @@ def test_a_node_that_lost_the_store_while_its_host_runs_on_is_judged_by_its_own_
     result = plain_watcher(channel, launcher, exit_timeout_s=60).run(poll_s=0.01)
     assert result.outcome == Outcome.INFRA, result.reason
     assert "rendezvous failed" in result.reason and "node 1" in result.reason
+
+
+PEER_GONE = ("RuntimeError: [pair.cc:553] Connection closed by peer [10.0.0.2]:3726",)
+
+
+def test_a_rank_that_only_saw_its_peer_go_waits_for_the_peers_node_to_exit(channel):
+    # rank 1 exits with its own error; rank 0's collective fails at once and its node exits first,
+    # while node 1's agent, slow on a loaded machine, has not yet recorded rank 1's exit
+    echo = RankExit(0, 0, 1, observed_at=time.time(), root_cause=True, stderr_tail=PEER_GONE)
+    first = [NodeExit(0, 1, ranks=(echo,)), NodeExit(1, None)]
+    cause = RankExit(1, 0, 3, observed_at=time.time() + 1, root_cause=True, stderr_tail=("GPU 0: ECC error",))
+    launcher = ScriptedExits([first] * 30 + [[NodeExit(0, 1, ranks=(echo,)), NodeExit(1, 1, ranks=(cause,))]])
+    result = plain_watcher(channel, launcher, exit_timeout_s=60, plain_startup_window_s=0).run(poll_s=0.01)
+    assert launcher.polls > 30
+    assert result.outcome == Outcome.CRASHED, result.reason
+    assert "rank 1 on node 1 exited with code 3" in result.reason and "ECC error" in result.reason
+
+
+def test_a_peers_error_report_alone_waits_for_the_node_still_running(channel):
+    # a runtime script: rank 0 reported the lost connection over the channel before its node exited
+    rank0 = reporter(channel, 0)
+    rank0.send(Progress(steps=[StepEntry(step=12, step_time_s=0.01)]))
+    rank0.send(Error(step=12, type="RuntimeError", message=PEER_GONE[0]))
+    rank0.close()
+    deadline = time.monotonic() + 30
+    while not channel.snapshot().errors and time.monotonic() < deadline:
+        time.sleep(0.01)
+    cause = RankExit(1, 0, 3, observed_at=time.time() + 1, root_cause=True, stderr_tail=("ValueError: boom",))
+    ended = [NodeExit(0, 1), NodeExit(1, 1, ranks=(cause,))]
+    launcher = ScriptedExits([[NodeExit(0, 1), NodeExit(1, None)]] * 30 + [ended])
+    result = watcher(channel, launcher, heartbeat_timeout_s=30, hang_timeout_s=30).run(poll_s=0.01)
+    assert launcher.polls > 30
+    assert result.outcome == Outcome.CRASHED, result.reason
+    assert "rank 1 on node 1 exited with code 3" in result.reason, result.reason
+
+
+def test_a_peers_echo_with_the_other_node_running_on_is_judged_after_the_wait(channel, monkeypatch):
+    monkeypatch.setattr("trainflow.orchestrator.watcher.AGENT_EXIT_WAIT_S", 0.3)
+    echo = RankExit(0, 0, 1, observed_at=time.time() + 1, root_cause=True, stderr_tail=PEER_GONE)
+    launcher = ScriptedExits([[NodeExit(0, 1, ranks=(echo,)), NodeExit(1, None)]])
+    result = plain_watcher(channel, launcher, exit_timeout_s=60, plain_startup_window_s=0).run(poll_s=0.01)
+    assert result.outcome == Outcome.CRASHED, result.reason
+    assert "rank 0 on node 0" in result.reason and "Connection closed by peer" in result.reason
 
 
 def test_a_plain_scripts_node_whose_relay_falls_silent_is_lost(channel, tmp_path):

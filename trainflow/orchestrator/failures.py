@@ -105,10 +105,12 @@ def exception_line(lines: tuple[str, ...] | list[str]) -> str:
     return ""
 
 
-def rank_failures(exits: list[NodeExit], status: AttemptStatus) -> list[RankFailure]:
+def rank_failures(exits: list[NodeExit], status: AttemptStatus, symptoms: bool = True) -> list[RankFailure]:
     """Every failure that could be the cause, earliest first. A rank that only reported a peer's
     disappearance (in its error report, or as the last line of its stderr), or that its own agent
-    stopped after a node-mate failed, is a symptom and left out, unless there is nothing else."""
+    stopped after a node-mate failed, is a symptom and left out, unless there is nothing else (and
+    `symptoms`: without it, so is a node that only lost the rendezvous store, and nothing but causes
+    is returned)."""
     reports: dict[int, dict] = {}
     for error in status.errors:
         reports.setdefault(int(error.get("rank", -1)), error)
@@ -141,16 +143,24 @@ def rank_failures(exits: list[NodeExit], status: AttemptStatus) -> list[RankFail
             )
             echo = known is None and is_peer_failure({"message": last_line(rank_exit.stderr_tail)})
             (echoes if echo else found)[rank_exit.rank] = failure
-    if not found:  # nothing but echoes: they are the evidence there is
+    if not found and symptoms:  # nothing but echoes: they are the evidence there is
         found.update(echoes)
     symptomatic = {int(reports[r].get("node", -1)) for r in victims}
     reported_nodes = {f.node for f in [*found.values(), *echoes.values()]}
     for node_exit in nodes_without_ranks:
         if node_exit.node in symptomatic or node_exit.node in reported_nodes:
             continue
+        if not symptoms and lost_the_store(node_exit):
+            continue
         code = node_exit.worker_returncode if node_exit.worker_returncode is not None else node_exit.returncode
         found[-1 - node_exit.node] = RankFailure(None, node_exit.node, None, exitcode=code)
     return sorted(found.values(), key=lambda f: (f.at is None, f.at or 0.0, f.node, f.rank or 0))
+
+
+def only_symptoms(exits: list[NodeExit], status: AttemptStatus) -> bool:
+    """Whatever failed so far failed only because a peer went away (a connection it closed, the
+    rendezvous store it hosted): that peer, dying or on its way out, has the evidence of the cause."""
+    return any(e.failing for e in exits) and not rank_failures(exits, status, symptoms=False)
 
 
 @dataclass(frozen=True)

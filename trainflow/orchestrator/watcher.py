@@ -21,8 +21,10 @@ copied only for a verdict, and stragglers are scored every few seconds at most.
 
 An exit is classified only once every agent of a node whose worker died has exited too, so its
 own exit code and failure report are in: a lingering agent (node 0's hosts the rendezvous store)
-never turns a finished attempt into a failed one. Plain torchrun scripts (`workload.mode: plain`)
-report nothing, so they are watched by their exits only.
+never turns a finished attempt into a failed one. Nor while every failure seen is a peer's going
+away (a closed connection, a lost rendezvous store) and a node still runs: the node of the rank
+that went first, however slowly a loaded machine lets it exit, holds the cause. Plain torchrun
+scripts (`workload.mode: plain`) report nothing, so they are watched by their exits only.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trainflow.backends import AttemptHandle, Launcher, NodeExit
+from trainflow.backends import AttemptHandle, Launcher
 from trainflow.backends.abilities import DescribesNodes, DumpsStacks, KnowsRankProcesses, ProbesNodes
 from trainflow.contracts.evidence import AttemptEvidence, FailedRank, SilentNode, StorageCall
 from trainflow.contracts.status_protocol import Checkpoint, Storage
@@ -43,7 +45,7 @@ from trainflow.orchestrator.failures import (
     Outcome,
     PlainWindow,
     classify_exit,
-    lost_the_store,
+    only_symptoms,
     rank_failures,
 )
 from trainflow.orchestrator.rules import match_rules, ruled_outcome
@@ -257,11 +259,16 @@ class AttemptWatcher:
         while any(e.workers_lost for e in exits) and time.monotonic() < deadline:
             time.sleep(0.05)
             exits = self.launcher.poll(self.handle)
-        # a node that only lost the rendezvous store fails within seconds of the node hosting it,
-        # which is still on its way out with the evidence of what went wrong: that node decides
+        # a rank that failed only because a peer went away (a connection closed, the rendezvous store
+        # gone with the node hosting it) fails within moments of that peer, whose node can take far
+        # longer on a loaded machine to exit with the evidence of what went wrong: that node decides
         deadline = time.monotonic() + AGENT_EXIT_WAIT_S
-        while _only_lost_the_store(exits) and any(e.running for e in exits) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        while (
+            any(e.running for e in exits)
+            and only_symptoms(exits, self.channel.snapshot())
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.1)
             exits = self.launcher.poll(self.handle)
         if not any(e.failing for e in exits) and any(e.running for e in exits):
             return None
@@ -454,8 +461,3 @@ def _last_heartbeats(status: AttemptStatus, now: float, most: int = 64) -> dict[
     """Seconds since each rank's last heartbeat, the oldest first (at most `most` of them)."""
     oldest = sorted(status.ranks.values(), key=lambda r: r.last_seen)[:most]
     return {r.rank: round(now - r.last_seen, 2) for r in oldest}
-
-
-def _only_lost_the_store(exits: list[NodeExit]) -> bool:
-    failing = [e for e in exits if e.failing]
-    return bool(failing) and all(lost_the_store(e) for e in failing)
