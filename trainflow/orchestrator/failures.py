@@ -105,14 +105,14 @@ def exception_line(lines: tuple[str, ...] | list[str]) -> str:
     return ""
 
 
-def rank_failures(exits: list[NodeExit], status: AttemptStatus, symptoms: bool = True) -> list[RankFailure]:
-    """Every failure that could be the cause, earliest first. A rank that only reported a peer's
-    disappearance (in its error report, or as the last line of its stderr), or that its own agent
-    stopped after a node-mate failed, is a symptom and left out, unless there is nothing else (and
-    `symptoms`: without it, so is a node that only lost the rendezvous store, and nothing but causes
-    is returned)."""
+def rank_failures(exits: list[NodeExit], errors: list[dict], symptoms: bool = True) -> list[RankFailure]:
+    """Every failure that could be the cause, earliest first, from the nodes' exits and the ranks'
+    error reports. A rank that only reported a peer's disappearance (in its error report, or as the
+    last line of its stderr), or that its own agent stopped after a node-mate failed, is a symptom
+    and left out, unless there is nothing else and `symptoms` allows them. Without `symptoms`, a
+    node that only lost the rendezvous store is left out too: nothing but causes."""
     reports: dict[int, dict] = {}
-    for error in status.errors:
+    for error in errors:
         reports.setdefault(int(error.get("rank", -1)), error)
     victims = {rank for rank, error in reports.items() if is_peer_failure(error)}
     found: dict[int, RankFailure] = {}
@@ -157,10 +157,10 @@ def rank_failures(exits: list[NodeExit], status: AttemptStatus, symptoms: bool =
     return sorted(found.values(), key=lambda f: (f.at is None, f.at or 0.0, f.node, f.rank or 0))
 
 
-def only_symptoms(exits: list[NodeExit], status: AttemptStatus) -> bool:
+def only_symptoms(exits: list[NodeExit], errors: list[dict]) -> bool:
     """Whatever failed so far failed only because a peer went away (a connection it closed, the
     rendezvous store it hosted): that peer, dying or on its way out, has the evidence of the cause."""
-    return any(e.failing for e in exits) and not rank_failures(exits, status, symptoms=False)
+    return any(e.failing for e in exits) and not rank_failures(exits, errors, symptoms=False)
 
 
 @dataclass(frozen=True)
@@ -273,7 +273,7 @@ def classify_exit(
     if plain and (stopped := [e.node for e in failed if stopped_by_sigterm(e)]):
         # a plain script has no emergency checkpoint: its node was reclaimed, and its peers' errors follow
         return Outcome.PREEMPTED, f"node {_nodes_named(stopped)} stopped by SIGTERM (reclaimed)"
-    causes = rank_failures(exits, status)
+    causes = rank_failures(exits, status.errors)
     reported = [f for f in causes if f.error is not None]
     if reported and reported[0] is causes[0]:
         return describe_failure(reported[0], status, plain, window)

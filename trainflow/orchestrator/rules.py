@@ -87,7 +87,7 @@ def match_rules(policy: FaultTolerance, exits: list[NodeExit], status: AttemptSt
     rendezvous because the cause's node had gone says nothing of the cause."""
     if not any(e.failing for e in exits):
         return None
-    causes = rank_failures(exits, status)
+    causes = rank_failures(exits, status.errors)
     if not causes:
         return None
     cause = causes[0]

@@ -277,6 +277,11 @@ class StatusServer:
         seen. Silence is measured up to this time, never up to a clock the reader may lag behind."""
         return self._loop.read_through
 
+    def errors(self) -> list[dict]:
+        """The current attempt's error reports, in the order they came (a copy)."""
+        with self._lock:
+            return list(self._attempt.errors)
+
     def open_connections(self, nodes) -> int:
         """How many of the current attempt's streams from these nodes are still being read: a
         worker's last messages are applied only once its stream reached its end."""

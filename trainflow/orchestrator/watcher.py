@@ -265,7 +265,7 @@ class AttemptWatcher:
         deadline = time.monotonic() + AGENT_EXIT_WAIT_S
         while (
             any(e.running for e in exits)
-            and only_symptoms(exits, self.channel.snapshot())
+            and only_symptoms(exits, self.channel.errors())
             and time.monotonic() < deadline
         ):
             time.sleep(0.1)
@@ -291,7 +291,7 @@ class AttemptWatcher:
         )
         if rule is not None:
             outcome, reason = ruled_outcome(rule, outcome, reason)
-        causes = rank_failures(exits, status) if outcome != Outcome.SUCCEEDED else []
+        causes = rank_failures(exits, status.errors) if outcome != Outcome.SUCCEEDED else []
         reported = [f.at for f in causes[:1] if f.error is not None]
         failed_at = reported[0] if reported else (status.errors[0]["t"] if status.errors else None)
         if status.preempted and status.preempted.get("requested_at"):
