@@ -280,3 +280,29 @@ def test_the_drill_flow_runs_state_is_its_verdict_and_carries_the_report():
     state = drill_state(failed)
     assert state.is_failed() and state.result(raise_on_failure=False) is failed
     assert state.message == "drill hang: FAILED: detected as CRASHED, expected HUNG; x"
+
+
+def test_a_plain_scripts_drill_says_what_it_did_not_time_or_compare(capsys):
+    from trainflow.cli.drills import print_drill
+
+    report = {
+        "fault": "kill",
+        "passed": True,
+        "target": "rank 1 (pid 27268)",
+        "detected_kind": "KILLED",
+        "detection_latency_s": 0.097,
+        "recovery_s": None,
+        "torchrun_restart_s": 1.147,
+        "at_s": 15.0,
+        "injected_at_s": 15.006,
+        "outcomes": ["KILLED", "SUCCEEDED"],
+        "resumed_from": "checkpoints/nanogpt/run/step-00000008",
+        "newest_copy_before_fault": "checkpoints/nanogpt/run/step-00000008",
+        "params_match_baseline": None,
+        "resources_released": True,
+    }
+    print_drill(report)
+    printed = capsys.readouterr().out
+    assert "recovery not timed (no steps reported) (torchrun alone: 1.147 s)" in printed
+    assert "params match the baseline: not compared; resources released: True" in printed
+    assert "None" not in printed

@@ -185,9 +185,15 @@ def print_drill(report: dict) -> None:
     echo(f"drill {report['fault']}: {'PASSED' if report['passed'] else 'FAILED'} ({report['target']})")
     for rule in report.get("broken_rules", []):
         echo(f"  broken: {rule}")
+    # a plain script reports no steps: no first step after the retry to time, no parameters to compare
+    recovered = (
+        "recovery not timed (no steps reported)"
+        if report["recovery_s"] is None
+        else f"recovered in {report['recovery_s']} s"
+    )
     echo(
         f"  detected as {report['detected_kind']} after {report['detection_latency_s']} s; "
-        f"recovered in {report['recovery_s']} s (torchrun alone: {report['torchrun_restart_s']} s)"
+        f"{recovered} (torchrun alone: {report['torchrun_restart_s']} s)"
     )
     echo(f"  recovery phases: {phases_line(report.get('recovery_phases'))}")
     if report.get("at_s") is not None:  # a plain script: no steps, its own copies
@@ -202,10 +208,14 @@ def print_drill(report: dict) -> None:
             f"lost {report['lost_steps']} step(s), goodput {report['goodput']}"
         )
     echo(
-        f"  params match the baseline: {report['params_match_baseline']}; "
+        f"  params match the baseline: {_or_not_compared(report['params_match_baseline'])}; "
         f"resources released: {report['resources_released']}"
         + (f" (left: {'; '.join(report['leftovers'])})" if report.get("leftovers") else "")
     )
+
+
+def _or_not_compared(match: bool | None) -> str:
+    return "not compared" if match is None else str(match)
 
 
 def register(app: typer.Typer) -> None:
