@@ -101,6 +101,20 @@ def test_a_nodes_ranks_reach_the_orchestrator_as_one_stream_with_their_steps_sum
             worker.close()
 
 
+def test_a_nodes_resource_figures_pass_the_relay_as_system_metrics(server, relay):
+    worker = rank(relay, server, 0)
+    try:
+        worker.send(wire.Resources(figures={"cpu_percent": 42.0, "memory_used_MB": 512.0}))
+        deadline = time.monotonic() + 30
+        while server.metrics.empty():
+            assert time.monotonic() < deadline, "no system metrics from the node"
+            time.sleep(0.05)
+        _, _, named = server.metrics.get_nowait()
+        assert named == {"system/node_0/cpu_percent": 42.0, "system/node_0/memory_used_MB": 512.0}
+    finally:
+        worker.close()
+
+
 def test_a_rank_of_another_node_or_version_is_refused_by_the_relay(server, relay):
     for hello, why in [
         (wire.Hello(token=server.token, rank=9, node=1, attempt=1, pid=9, version=wire.PROTOCOL_VERSION), "node 1"),

@@ -291,7 +291,7 @@ class RankEvent:
     kind: ClassVar[str] = "rank-event"
     rank: int
     pid: int | None
-    message: Event
+    message: Event | Resources  # a node's figures too: one rank of each node samples them
     t: float = field(default_factory=_now)
 
 
