@@ -10,6 +10,7 @@ from prefect.runtime import task_run
 from prefect.states import State
 
 from tasks import lifecycle_task
+from trainflow.backends import Allocation
 from trainflow.backends.abilities import ReplacesNodes
 from trainflow.orchestrator.failures import AttemptResult, Decision, Outcome, decide
 from trainflow.orchestrator.rules import decide_by_rule, excluded_node
@@ -141,6 +142,8 @@ def recover_nodes(launched: Launched, result: AttemptResult) -> RunSpec:
     if it cannot come back and min_nodes allows, go on without it. Always a spec object of its own
     (a copy when nothing changed): Prefect links by object identity, and the run's spec is validate-spec's."""
     spec, provisioned, handle = launched.spec, launched.provisioned, launched.handle
+    if result.outcome.value == "RESIZED":
+        return grown_back(spec, launched.record.spec, provisioned.allocation)
     silent = result.evidence.silent_node
     node = silent.node if silent is not None and result.outcome.value == "NODE_LOST" else excluded_node(result)
     if node is None:
@@ -157,8 +160,26 @@ def recover_nodes(launched: Launched, result: AttemptResult) -> RunSpec:
         return spec.model_copy()
     if slot in provisioned.allocation.slots:
         provisioned.allocation.slots.remove(slot)
+        provisioned.allocation.left_out.append(slot)
     smaller = spec.with_nodes(spec.resources.nodes - 1)
     logger.warning(
         "node %d excluded: continuing on %d node(s), world size %d", node, smaller.resources.nodes, smaller.world_size
     )
     return smaller
+
+
+def grown_back(spec: RunSpec, run_spec: RunSpec, allocation: Allocation) -> RunSpec:
+    """The spec of the attempt after a RESIZED one: the slots a shrink left out are back in, in order,
+    and at the run's own size the run's own spec (its layout as the user wrote it)."""
+    back = allocation.left_out
+    allocation.slots = sorted(allocation.slots + back)
+    allocation.left_out = []
+    nodes = spec.resources.nodes + len(back)
+    larger = run_spec.model_copy() if nodes == run_spec.resources.nodes else spec.with_nodes(nodes)
+    get_run_logger().warning(
+        "node slot(s) %s back: growing to %d node(s), world size %d",
+        ", ".join(str(s) for s in back),
+        larger.resources.nodes,
+        larger.world_size,
+    )
+    return larger

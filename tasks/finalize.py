@@ -8,6 +8,7 @@ from tasks import lifecycle_task
 from trainflow.checkpoint.catalog import list_committed, missing_or_resized
 from trainflow.checkpoint.storage import Storage, StorageError
 from trainflow.contracts import AttemptResult, RunSummary, run_ledger
+from trainflow.contracts.summary import resizes_of
 from trainflow.orchestrator.failures import Decision
 from trainflow.prefect.records import CheckpointRecord, Launched
 from trainflow.reporting.diagnosis import diagnose
@@ -63,6 +64,7 @@ def finalize(
         checkpoints=[{k: c.get(k) for k in ("step", "uri", "verified", "committed_at")} for c in checkpoints],
         snapshots_failed=[s.step for s in snapshots if not s.verified],
         attempts=ledger.attempts,
+        resizes=resizes_of(ledger.attempts),
         stragglers=[s.as_dict() for s in stragglers],
         goodput=ledger.figures.goodput,
         features_off=spec.workload.features_off(),  # workload.mode plain: what needs trainflow.runtime
@@ -72,6 +74,16 @@ def finalize(
     )
     tracker, run = last_attempt.provisioned.tracker, record.mlflow_run_id
     tracker.set_tags(run, {"status": status, "reason": decision.reason[:5000], "params_sha256": summary.params_sha256})
+    if summary.resizes:  # each size the job ran at, and why it changed
+        tracker.set_tags(
+            run,
+            {
+                "resizes": "; ".join(
+                    f"attempt {r.attempt}: world size {r.from_world_size} -> {r.to_world_size} after {r.after}"
+                    for r in summary.resizes
+                )
+            },
+        )
     # the ledger's figures are the run's metrics (summary/...), at its final step, as the summary has them
     figures = {"attempts": len(results), "final_step": summary.final_step, **ledger.figures.model_dump()}
     if summary.final_loss is not None:

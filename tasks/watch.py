@@ -7,11 +7,13 @@ from prefect.states import State
 
 from tasks import lifecycle_task
 from tasks.attempts import STOP_GRACE_S
+from trainflow.backends.abilities import PreemptsNodes, ReplacesNodes
 from trainflow.checkpoint.plain_copies import read_restores
 from trainflow.checkpoint.storage import StorageError
 from trainflow.contracts.status_protocol import Checkpoint, Error, Layout, Preempted, Restored
 from trainflow.orchestrator import progress
 from trainflow.orchestrator.failures import AttemptResult
+from trainflow.orchestrator.grow_back import GrowBack
 from trainflow.orchestrator.live import CommitFeed
 from trainflow.orchestrator.plain_copies import CopyFeed
 from trainflow.orchestrator.status import RankReport
@@ -32,10 +34,14 @@ def watch_attempt(launched: Launched, commits: CommitFeed) -> AttemptResult | St
     logger = get_run_logger()
     spec, record, provisioned, handle = launched.spec, launched.record, launched.provisioned, launched.handle
 
+    grow_back = way_back(launched)
+
     def on_event(event: RankReport | Straggler) -> None:
         match event:
-            case RankReport(message=Checkpoint()):
+            case RankReport(message=Checkpoint() as checkpoint):
                 commits.publish(event.as_dict())
+                if grow_back is not None and checkpoint.status == "committed" and grow_back.at_commit(checkpoint.step):
+                    logger.warning("attempt %d: %s", handle.attempt, grow_back.requested)
             case RankReport(rank=rank, message=Error() as error):
                 logger.error("rank %s: %s: %s", rank, error.type, error.message)
             case RankReport(rank=rank, message=Restored() as restored):
@@ -111,6 +117,8 @@ def watch_attempt(launched: Launched, commits: CommitFeed) -> AttemptResult | St
     try:
         with sampled_output(handle, logger):  # a bounded tail of the training output, while it trains
             result = watcher.run()
+        if grow_back is not None:
+            result = grow_back.resized(result)
         if result.evidence.storage_calls:
             # a storage outage: the flow may be waiting on the same store to snapshot a commit, and
             # until it releases the attempt the workers would train on past the verdict once it answers
@@ -134,6 +142,24 @@ def watch_attempt(launched: Launched, commits: CommitFeed) -> AttemptResult | St
                 "\n".join(failed.stderr_tail),
             )
     return watched(result, steps_reported=not watcher.plain)  # a failed attempt's task is Failed, the flow goes on
+
+
+def way_back(launched: Launched) -> GrowBack | None:
+    """How this attempt grows back to the run's size, where a shrink left node slots out and the
+    backend can both bring a slot back and stop an attempt as a preemption does; else None."""
+    spec, provisioned, handle = launched.spec, launched.provisioned, launched.handle
+    launcher, allocation = provisioned.launcher, provisioned.allocation
+    if not allocation.left_out or spec.workload.mode.value == "plain":  # a plain script has no emergency checkpoint
+        return None
+    if not isinstance(launcher, ReplacesNodes) or not isinstance(launcher, PreemptsNodes):
+        return None
+    return GrowBack(
+        slots=list(allocation.left_out),
+        nodes=handle.nodes,
+        final_step=spec.workload.steps,
+        available=lambda slot: launcher.replace_node(allocation, slot),
+        stop=lambda: launcher.preempt_node(handle, 0),  # one node's SIGTERM: every rank stops at the same step
+    )
 
 
 def note_restores(launched: Launched, result: AttemptResult) -> None:

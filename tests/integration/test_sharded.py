@@ -1,6 +1,7 @@
 """Sharded training through trainflow: FSDP2, tensor parallel and FSDP2 + TP each train to the
 end, a crash drill on each resumes bit-identically (params_sha256 over the full parameters, the
-same definition whatever the layout), a permanent node loss reshards to fewer ranks, and the
+same definition whatever the layout), a permanent node loss reshards to fewer ranks and the node's
+replacement grows the job back, and the
 spec's layout reaches the script and is checked against the model it registered."""
 
 from __future__ import annotations
@@ -79,19 +80,42 @@ def losses(client: MlflowClient, run_id: str) -> dict[int, float]:
 
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(not can_make_hosts, reason="needs root and iproute2 for network namespaces")
-def test_permanent_node_loss_reshards_fsdp_tp_to_fewer_ranks(home_env):
-    report = drill(home_env, "node-loss", "--node", "1", "--permanent", "--set", "resources.min_nodes=1")
-    assert report["outcomes"] == ["NODE_LOST", "SUCCEEDED"], report
+def test_a_lost_node_reshards_fsdp_tp_to_fewer_ranks_and_its_replacement_grows_the_job_back(home_env):
+    # checkpoints every 5 steps: the shrunken attempt commits one before the end, where it grows back
+    report = drill(
+        home_env,
+        "node-loss",
+        "--node",
+        "1",
+        "--permanent",
+        "--replaced-later",
+        "--set",
+        "resources.min_nodes=1",
+        "--set",
+        "checkpoint.every_steps=5",
+        "--at-step",
+        "8",
+    )
+    assert report["outcomes"] == ["NODE_LOST", "RESIZED", "SUCCEEDED"], report
+    assert report["passed"] is True, report["broken_rules"]
     assert report["status"] == "succeeded" and report["final_step"] == STEPS
     client = mlflow_of(home_env)
     attempts = {int(r.data.params["attempt"]): r.data.params for r in attempt_runs(client, report)}
-    assert (attempts[1]["world_size"], attempts[1]["dp_degree"], attempts[1]["tp_degree"]) == ("4", "2", "2")
-    assert (attempts[2]["world_size"], attempts[2]["dp_degree"], attempts[2]["tp_degree"]) == ("2", "1", "2")
-    # the first step on two ranks computes the same global batch from the same restored state
-    resumed = report["resumed_from_step"]
+    degrees = {n: (a["world_size"], a["dp_degree"], a["tp_degree"]) for n, a in attempts.items()}
+    assert degrees == {1: ("4", "2", "2"), 2: ("2", "1", "2"), 3: ("4", "2", "2")}
+    run = client.get_run(report["mlflow_run_id"])
+    assert run.data.tags["resizes"] == (
+        "attempt 2: world size 4 -> 2 after NODE_LOST; attempt 3: world size 2 -> 4 after RESIZED"
+    )
+    # the stop to grow back lost nothing: attempt 3 starts at attempt 2's emergency checkpoint
+    runs = attempt_runs(client, report)
+    resumed = [int(r.data.params["resumed_from_step"]) for r in runs]
+    assert resumed[2] == int(runs[1].data.metrics["last_step"]) > resumed[1]
+    # the first step after each resize computes the same global batch from the same restored state
     mine, base = losses(client, report["mlflow_run_id"]), losses(client, report["baseline_mlflow_run_id"])
-    assert resumed + 1 in mine and resumed + 1 in base, (resumed, sorted(mine), sorted(base))
-    assert mine[resumed + 1] == pytest.approx(base[resumed + 1], rel=1e-4, abs=1e-6)
+    for step in resumed[1:]:
+        assert step + 1 in mine and step + 1 in base, (step, sorted(mine), sorted(base))
+        assert mine[step + 1] == pytest.approx(base[step + 1], rel=1e-4, abs=1e-6)
 
 
 @pytest.mark.timeout(600)

@@ -50,3 +50,14 @@ def test_the_flow_message_counts_the_failed_attempts():
     )
     assert failed_attempts(summary.as_json_dict()) == failed_attempts(summary)
     assert failed_attempts(summary_of([attempt(1, Outcome.SUCCEEDED, 60, "finished")])) == ""
+
+
+def test_a_resized_attempt_is_no_failure_in_prefect_or_in_the_flow_message():
+    resized = attempt(2, Outcome.RESIZED, 21, "node slot(s) 1 available again", resumed=10)
+    state = watched(resized, steps_reported=True)
+    assert state.is_completed() and state.name == "Resized" and state.data is resized
+    branch = decided(Decision(True, "RESIZED: node slot(s) 1 available again"), resized)
+    assert branch.name == "Resizing" and branch.is_completed()
+    lost = attempt(1, Outcome.NODE_LOST, 15, "node 1 silent")
+    summary = summary_of([lost, resized, attempt(3, Outcome.SUCCEEDED, 60, "finished", resumed=21)])
+    assert failed_attempts(summary) == "; 1 of 3 attempts failed: attempt 1 NODE_LOST at step 15 (node 1 silent)"

@@ -306,3 +306,59 @@ def test_a_plain_scripts_drill_says_what_it_did_not_time_or_compare(capsys):
     assert "recovery not timed (no steps reported) (torchrun alone: 1.147 s)" in printed
     assert "params match the baseline: not compared; resources released: True" in printed
     assert "None" not in printed
+
+
+def sized(n: int, outcome: str, world_size: int, last_step: int, resumed_from: int, lost: int = 0) -> dict:
+    return {**attempt(n, outcome, last_step, resumed_from, lost), "world_size": world_size}
+
+
+GROW = {"permanent": True, "replaced_later": True}
+
+
+def test_a_node_replaced_later_passes_once_the_job_shrank_and_grew_back_without_loss():
+    run = summary(
+        [sized(1, "NODE_LOST", 4, 70, 0, 20), sized(2, "RESIZED", 2, 110, 50), sized(3, "SUCCEEDED", 4, 200, 110)],
+        params="bb" * 32,  # the shrunken attempt's math is not the baseline's
+    )
+    report = verdict("node-loss", run, **GROW)
+    assert report["broken_rules"] == [] and report["world_sizes"] == [4, 2, 4]
+
+
+@pytest.mark.parametrize(
+    ("attempts", "broken"),
+    [
+        (
+            [sized(1, "NODE_LOST", 4, 70, 0, 20), sized(2, "SUCCEEDED", 2, 200, 50)],
+            "attempts were ['NODE_LOST', 'SUCCEEDED'], expected ['NODE_LOST', 'RESIZED', 'SUCCEEDED']",
+        ),
+        (
+            [
+                sized(1, "NODE_LOST", 4, 70, 0, 20),
+                sized(2, "RESIZED", 2, 110, 50, 3),
+                sized(3, "SUCCEEDED", 4, 200, 107),
+            ],
+            "growing back lost 3 step(s), expected 0",
+        ),
+        (
+            [sized(1, "NODE_LOST", 4, 70, 0, 20), sized(2, "RESIZED", 2, 110, 50), sized(3, "SUCCEEDED", 2, 200, 110)],
+            "world sizes were [4, 2, 2]: expected a shrink, then the first size back",
+        ),
+    ],
+)
+def test_a_node_replaced_later_fails_the_drill_unless_the_job_grows_back(attempts, broken):
+    report = verdict("node-loss", summary(attempts), **GROW)
+    assert broken in report["broken_rules"], report["broken_rules"]
+
+
+def test_replaced_later_needs_a_permanent_node_loss_and_room_to_shrink():
+    spec = RunSpec.model_validate(
+        {
+            "name": "grow",
+            "workload": {"entrypoint": "examples/digits/train.py", "steps": 100},
+            "resources": {"nodes": 2},
+        }
+    )
+    with pytest.raises(SpecError, match="--replaced-later: only for --fault node-loss --permanent"):
+        check_plan(spec, FaultPlan(kind="node-loss", replaced_later=True))
+    with pytest.raises(SpecError, match="resources.min_nodes"):
+        check_plan(spec, FaultPlan(kind="node-loss", permanent=True, replaced_later=True))

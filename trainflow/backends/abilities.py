@@ -112,7 +112,9 @@ class PreemptsNodes(Protocol):
 @runtime_checkable
 class CutsNodes(Protocol):
     """Can take one node slot off the network, its processes still running, as a lost host
-    (`permanent`: it never comes back); returns what was cut, for the drill's record. Raises
-    RuntimeError where this allocation's node links cannot be cut."""
+    (`permanent`: it never comes back; with `replaced_later`, a replacement is there from the second
+    time `ReplacesNodes.replace_node` asks for the slot, once the job has gone on without it); returns
+    what was cut, for the drill's record. Raises RuntimeError where this allocation's node links cannot
+    be cut."""
 
-    def cut_node(self, allocation: Allocation, slot: int, permanent: bool) -> str: ...
+    def cut_node(self, allocation: Allocation, slot: int, permanent: bool, replaced_later: bool = False) -> str: ...

@@ -23,6 +23,7 @@ class Allocation:
     ports: dict[str, int] = field(default_factory=dict)
     status_host: str = "127.0.0.1"  # where workers reach the orchestrator's status channel
     slots: list[int] = field(default_factory=list)  # healthy node slots; attempt node i runs in slots[i]
+    left_out: list[int] = field(default_factory=list)  # slots a shrink took out of slots: the job grows back into them
 
     def network_record(self) -> dict | None:
         """The node network a reaper must remove if the orchestrator dies before teardown (None: none)."""

@@ -11,6 +11,7 @@ import hashlib
 import ipaddress
 import shutil
 import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -168,14 +169,40 @@ class NodeLinks(Protocol):
     def cut(self, slot: int) -> None: ...
 
 
+@dataclass
+class LostSlots:
+    """Node slots a node-loss drill took away for good, and those of them a replacement comes back
+    for once the job has gone on without them."""
+
+    never: set[int] = field(default_factory=set)
+    replaced_later: set[int] = field(default_factory=set)
+    replaced: set[int] = field(default_factory=set)  # slots whose replacement came: the slot serves again
+
+    def lose(self, slot: int, replaced_later: bool) -> None:
+        self.never.add(slot)
+        if replaced_later:
+            self.replaced_later.add(slot)
+
+    def may_return(self, slot: int) -> bool:
+        """Whether `slot` can come back now. A slot replaced later cannot the first time it is asked
+        for (the job shrinks without it) and can every time after."""
+        if slot in self.replaced_later:
+            self.replaced_later.discard(slot)
+            self.never.discard(slot)
+            self.replaced.add(slot)
+            return False
+        return slot not in self.never
+
+
 def cut_node_link(
-    links: NodeLinks | None, unrecoverable: set[int], slot: int, permanent: bool, without_links: str
+    links: NodeLinks | None, lost: LostSlots, slot: int, permanent: bool, replaced_later: bool, without_links: str
 ) -> str:
-    """Cut one node slot's link for a node-loss drill (`permanent`: the slot is never restored);
-    returns what was cut. RuntimeError(`without_links`) where there are no links to cut."""
+    """Cut one node slot's link for a node-loss drill (`permanent`: the slot is not restored; see
+    LostSlots for `replaced_later`); returns what was cut. RuntimeError(`without_links`) where there
+    are no links to cut."""
     if links is None:
         raise RuntimeError(without_links)
     if permanent:
-        unrecoverable.add(slot)
+        lost.lose(slot, replaced_later)
     links.cut(slot)
     return f"namespace {links.namespace(slot)}"

@@ -32,6 +32,13 @@ def drill(
     node: Annotated[int | None, typer.Option("--node", help="Target node (preempt, node-loss).")] = None,
     duration_s: Annotated[float, typer.Option("--duration", help="Straggler or outage length (s).")] = 8.0,
     permanent: Annotated[bool, typer.Option("--permanent", help="node-loss: the node never comes back.")] = False,
+    replaced_later: Annotated[
+        bool,
+        typer.Option(
+            "--replaced-later",
+            help="node-loss --permanent: a replacement node is there once the job has shrunk; it grows back.",
+        ),
+    ] = False,
     overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a spec field.")] = None,
     fresh_baseline: Annotated[bool, typer.Option("--fresh-baseline", help="Do not reuse a baseline.")] = False,
     compare_torchrun: Annotated[
@@ -59,6 +66,7 @@ def drill(
             node=node,
             duration_s=duration_s,
             permanent=permanent,
+            replaced_later=replaced_later,
         )
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -207,6 +215,9 @@ def print_drill(report: dict) -> None:
             f"  attempts {report['outcomes']}, resumed from step {report['resumed_from_step']}, "
             f"lost {report['lost_steps']} step(s), goodput {report['goodput']}"
         )
+    sizes = report.get("world_sizes") or []
+    if len(set(sizes)) > 1:  # a lost node left out, and maybe back
+        echo(f"  world sizes: {' -> '.join(str(s) for s in sizes)}")
     echo(
         f"  params match the baseline: {_or_not_compared(report['params_match_baseline'])}; "
         f"resources released: {report['resources_released']}"

@@ -17,7 +17,8 @@ class Outcome(str, Enum):
     USER_ERROR = "USER_ERROR"
     INFRA = "INFRA"
     CANCELLED = "CANCELLED"
+    RESIZED = "RESIZED"  # stopped by the orchestrator at a committed checkpoint to change the job's size
 
 
 # what a retry policy can name: an attempt that failed for a reason worth another try
-RETRYABLE = tuple(o for o in Outcome if o not in (Outcome.SUCCEEDED, Outcome.CANCELLED))
+RETRYABLE = tuple(o for o in Outcome if o not in (Outcome.SUCCEEDED, Outcome.CANCELLED, Outcome.RESIZED))

@@ -25,6 +25,31 @@ class CheckpointRow(BaseModel):
     committed_at: float | None = None
 
 
+class Resize(BaseModel):
+    """The job changed size between two attempts: a lost node left out (after NODE_LOST, or a rule's
+    exclude_node), or a left-out node back (after RESIZED)."""
+
+    attempt: int  # the first attempt at the new size
+    from_world_size: int
+    to_world_size: int
+    after: str  # the previous attempt's outcome
+    resumed_from_step: int  # the checkpoint step the new size resharded from
+
+
+def resizes_of(attempts: list[AttemptFigures]) -> list[Resize]:
+    return [
+        Resize(
+            attempt=now.attempt,
+            from_world_size=before.world_size,
+            to_world_size=now.world_size,
+            after=before.outcome.value,
+            resumed_from_step=now.resumed_from_step,
+        )
+        for before, now in zip(attempts, attempts[1:])
+        if now.world_size != before.world_size
+    ]
+
+
 class RunSummary(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -42,6 +67,7 @@ class RunSummary(BaseModel):
     checkpoints: list[CheckpointRow]
     snapshots_failed: list[int]
     attempts: list[AttemptFigures]
+    resizes: list[Resize] = []
     stragglers: list[dict[str, Any]]
     goodput: float | None
     features_off: list[str]

@@ -59,6 +59,13 @@ class FaultPlan(BaseModel):
     node: int | None = Field(default=None, ge=0, title="Node", description="Target node (preempt, node-loss).")
     duration_s: float = Field(default=8.0, gt=0, le=600, title="Duration (s)", description="Straggler / outage length.")
     permanent: bool = Field(default=False, title="Permanent", description="node-loss: the node never comes back.")
+    replaced_later: bool = Field(
+        default=False,
+        title="Replaced later",
+        description="node-loss with permanent: a replacement for the lost node becomes available once the "
+        "job has gone on without it (the first ask for the node fails, later ones succeed): the shrunken job "
+        "grows back at its next checkpoint.",
+    )
     stall: bool = Field(
         default=False,
         title="Stall",
@@ -248,7 +255,9 @@ def _inject(
     elif kind == FaultKind.node_loss:
         node = plan.target_node(handle.nodes)
         record.injected_at = time.time()
-        record.target = f"node {node} ({launcher.cut_node(allocation, handle.slots[node], plan.permanent)})"
+        record.target = (
+            f"node {node} ({launcher.cut_node(allocation, handle.slots[node], plan.permanent, plan.replaced_later)})"
+        )
     elif kind == FaultKind.storage_outage:
         proxy = relay_on(plan.proxy_port)
         if proxy is None:
@@ -334,7 +343,9 @@ def _inject_at_time(
         record.detail["newest_copy"] = _newest_copy(storage, allocation.run_id, None)
         record.detail["at_s"] = round(time.time() - handle.started_at, 3)
         record.injected_at = time.time()
-        record.target = f"node {node} ({launcher.cut_node(allocation, handle.slots[node], plan.permanent)})"
+        record.target = (
+            f"node {node} ({launcher.cut_node(allocation, handle.slots[node], plan.permanent, plan.replaced_later)})"
+        )
     else:
         raise RuntimeError(f"{kind.value} cannot go in at a time")  # check_plan refuses it first
     record.injected = True

@@ -69,6 +69,13 @@ def check_plan(spec: RunSpec, plan: FaultPlan) -> None:
         raise SpecError(f"--rank {plan.rank}: the world size is {spec.world_size}")
     if plan.node is not None and plan.node >= spec.resources.nodes:
         raise SpecError(f"--node {plan.node}: the job has {spec.resources.nodes} node(s)")
+    if plan.replaced_later and not (plan.kind == FaultKind.node_loss and plan.permanent):
+        raise SpecError("--replaced-later: only for --fault node-loss --permanent (the node it replaces)")
+    if plan.replaced_later and (spec.resources.min_nodes or spec.resources.nodes) == spec.resources.nodes:
+        raise SpecError(
+            "--replaced-later: the job shrinks only where resources.min_nodes is below resources.nodes "
+            f"({spec.resources.nodes}); set resources.min_nodes"
+        )
     if plan.kind == FaultKind.storage_outage and not spec.checkpoint.is_remote:
         raise SpecError("--fault storage-outage: needs an s3:// checkpoint.uri")
     first_checkpoint = spec.checkpoint.every_steps
@@ -169,6 +176,8 @@ def drill_report(
         "resumed_from_step": retry["resumed_from_step"] if retry else None,
         "attempts": len(attempts),
         "outcomes": [a["outcome"] for a in attempts],
+        "world_sizes": [a.get("world_size") for a in attempts],
+        "resize_lost_steps": sum(a.get("lost_steps") or 0 for a in attempts if a["outcome"] == "RESIZED"),
         "reasons": [a.get("reason", "") for a in attempts],
         "status": summary.get("status"),
         "reason": summary.get("reason"),
@@ -310,7 +319,8 @@ def broken_rules(plan: FaultPlan, report: dict, every_steps: int) -> list[str]:
     2. the attempts are exactly the injected fault, detected as its own kind, then success
     3. lost steps <= checkpoint.every_steps, plus the steps of a save in flight (0 for a preemption)
     4. the retry resumed from the newest checkpoint committed before the fault
-    5. the final parameters equal the baseline's wherever the world size was kept"""
+    5. the final parameters equal the baseline's wherever the world size was kept
+    6. a lost node replaced later: the job shrank, then grew back to its size at a checkpoint, losing no step"""
     broken = []
     if not report["injected"]:
         return ["the fault was never injected"]
@@ -323,6 +333,13 @@ def broken_rules(plan: FaultPlan, report: dict, every_steps: int) -> list[str]:
         broken.append("resources were left behind")
     expected = EXPECTED_OUTCOME[plan.kind]
     wanted = [expected, "SUCCEEDED"] if expected else ["SUCCEEDED"]
+    if plan.replaced_later:
+        wanted = [expected, "RESIZED", "SUCCEEDED"]
+        sizes = report["world_sizes"]
+        if len(sizes) == len(wanted) and not sizes[0] == sizes[2] > sizes[1]:
+            broken.append(f"world sizes were {sizes}: expected a shrink, then the first size back")
+        if report["resize_lost_steps"]:
+            broken.append(f"growing back lost {report['resize_lost_steps']} step(s), expected 0")
     if report["outcomes"] != wanted:
         broken.append(f"attempts were {report['outcomes']}, expected {wanted}")
     kind = expected or DETECTED_WITHOUT_FAILURE.get(plan.kind)

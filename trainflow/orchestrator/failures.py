@@ -291,6 +291,10 @@ def _nodes_named(nodes: list[int]) -> str:
     return ", ".join(str(n) for n in sorted(nodes))
 
 
+# ends that were no failure of the job: they never make a retry wait
+NOT_FAILURES = frozenset({Outcome.PREEMPTED, Outcome.RESIZED})
+
+
 @dataclass(frozen=True)
 class Decision:
     retry: bool
@@ -314,6 +318,8 @@ def decide(policy: FaultTolerance, results: list[AttemptResult]) -> Decision:
     last = results[-1]
     if last.outcome == Outcome.SUCCEEDED:
         return Decision(False, last.reason)
+    if last.outcome == Outcome.RESIZED:  # the orchestrator's own stop, at a committed checkpoint: no budget
+        return Decision(True, f"{last.outcome.value}: {last.reason}")
     if last.outcome not in policy.retry_on:
         return Decision(False, f"{last.outcome.value} is not retried: {last.reason}")
     if last.evidence.tracking_store is not None:  # another attempt would train unrecorded too
@@ -334,7 +340,7 @@ def decide(policy: FaultTolerance, results: list[AttemptResult]) -> Decision:
     if used > budget:
         return Decision(False, f"{name} budget spent ({budget}): {last.outcome.value}: {last.reason}")
     backoff = 0.0
-    retries = sum(1 for r in results if r.outcome != Outcome.PREEMPTED)
+    retries = sum(1 for r in results if r.outcome not in NOT_FAILURES)
     # an isolated failure is retried at once; repeated ones back off; a reclaimed machine never waits
     if last.outcome != Outcome.PREEMPTED and retries > 1:
         backoff = min(policy.backoff_max_s, policy.backoff_s * 2 ** (retries - 2))

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from trainflow.backends.base import NodeExit
 from trainflow.contracts import AttemptResult, Outcome
 from trainflow.contracts.evidence import MatchedRule
-from trainflow.orchestrator.failures import Decision, RankFailure, budget_for, rank_failures, signal_name
+from trainflow.orchestrator.failures import (
+    NOT_FAILURES,
+    Decision,
+    RankFailure,
+    budget_for,
+    rank_failures,
+    signal_name,
+)
 from trainflow.orchestrator.status import AttemptStatus
 from trainflow.runspec import FaultTolerance
 from trainflow.runspec.retry_rules import BUILT_IN_RULES, RetryRule, RuleAction
@@ -111,7 +118,7 @@ def decide_by_rule(policy: FaultTolerance, results: list[AttemptResult]) -> Deci
     """The branch a rule's action takes after the last attempt; None where no action rule matched it."""
     last = results[-1]
     action = _action(last)
-    if last.outcome == Outcome.SUCCEEDED or action is None:
+    if last.outcome in (Outcome.SUCCEEDED, Outcome.RESIZED) or action is None:
         return None
     if action == RuleAction.stop.value:
         return Decision(False, f"{last.outcome.value} stopped by rule: {last.reason}")
@@ -122,7 +129,7 @@ def decide_by_rule(policy: FaultTolerance, results: list[AttemptResult]) -> Deci
     used = sum(1 for r in results if _budget(r, policy) == "restart")
     if used > policy.max_restarts:
         return Decision(False, f"restart budget spent ({policy.max_restarts}): {last.outcome.value}: {last.reason}")
-    retries = sum(1 for r in results if r.outcome != Outcome.PREEMPTED)
+    retries = sum(1 for r in results if r.outcome not in NOT_FAILURES)
     backoff = min(policy.backoff_max_s, policy.backoff_s * 2 ** (retries - 2)) if retries > 1 else 0.0
     what = "retry without its node" if action == RuleAction.exclude_node.value else "retry"
     return Decision(

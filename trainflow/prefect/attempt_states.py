@@ -14,6 +14,7 @@ from trainflow.orchestrator.failures import Decision
 
 MESSAGE_REASON_CHARS = 500  # a state message is a line in the UI; the whole reason is in the logs and MLflow
 RECOVERING, GAVE_UP = "Recovering", "Gave up"  # a classify task's state after a failed attempt
+RESIZED, RESIZING = "Resized", "Resizing"  # an attempt the orchestrator stopped to change the job's size: no failure
 
 
 def attempt_outcome(result: AttemptResult, steps_reported: bool = True) -> str:
@@ -32,9 +33,12 @@ class FailedAttempt(AttemptResult):
 
 
 def watched(result: AttemptResult, steps_reported: bool) -> AttemptResult | State:
-    """What the watch task returns: the result itself for a success, else a Failed state holding it."""
+    """What the watch task returns: the result itself for a success, a Completed state named Resized
+    for a resize, else a Failed state holding it."""
     if result.outcome == Outcome.SUCCEEDED:
         return result
+    if result.outcome == Outcome.RESIZED:
+        return Completed(name=RESIZED, message=attempt_outcome(result, steps_reported), data=result)
     failed = FailedAttempt(**{f.name: getattr(result, f.name) for f in fields(result)})
     return Failed(message=attempt_outcome(result, steps_reported), data=failed)
 
@@ -51,14 +55,14 @@ def decided(decision: Decision, result: AttemptResult) -> Decision | State:
     """What the classify task returns: the decision, in a state named after the branch when the attempt failed."""
     if result.outcome == Outcome.SUCCEEDED:
         return decision
-    name = RECOVERING if decision.retry else GAVE_UP
+    name = RESIZING if result.outcome == Outcome.RESIZED else RECOVERING if decision.retry else GAVE_UP
     return Completed(name=name, message=f"{attempt_outcome(result)}; {decision.reason}", data=decision)
 
 
 def failed_attempts(summary: RunSummary | dict) -> str:
     """'; 1 of 2 attempts failed: CRASHED at step 30 (...)' for the flow run's final message, or nothing."""
     s = summary if isinstance(summary, RunSummary) else RunSummary.model_validate(summary)
-    failed = [row for row in s.attempts if row.outcome != Outcome.SUCCEEDED]
+    failed = [row for row in s.attempts if row.outcome not in (Outcome.SUCCEEDED, Outcome.RESIZED)]
     if not failed:
         return ""
     at = (lambda row: f" at step {row.last_step}") if s.steps_reported else (lambda row: "")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 ATTEMPT_FAILED = "trainflow.attempt.failed"
 ATTEMPT_RECOVERED = "trainflow.attempt.recovered"
+ATTEMPT_RESIZED = "trainflow.attempt.resized"  # stopped at a checkpoint to grow back: no failure, no notification
 CHECKPOINT_COMMITTED = "trainflow.checkpoint.committed"
 RUN_SUCCEEDED = "trainflow.run.succeeded"
 RUN_FAILED = "trainflow.run.failed"

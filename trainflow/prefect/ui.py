@@ -23,6 +23,7 @@ from trainflow.orchestrator.failures import Decision
 from trainflow.prefect.automation import (
     ATTEMPT_FAILED,
     ATTEMPT_RECOVERED,
+    ATTEMPT_RESIZED,
     CHECKPOINT_COMMITTED,
     RESOURCE_PREFIX,
     RUN_FAILED,
@@ -167,14 +168,15 @@ def report_checkpoint(record: RunRecord, snapshot: CheckpointRecord) -> None:
 
 @best_effort
 def report_attempt(record: RunRecord, result: AttemptResult, decision: Decision) -> None:
-    """An attempt that did not succeed is an event, with the branch the run takes next."""
+    """An attempt that did not succeed is an event, with the branch the run takes next (a resize: an
+    event of its own, which the failure automation does not match)."""
     if result.outcome == Outcome.SUCCEEDED:
         return
     report = _reports.get(record.run_id)
     if report is not None:
         report.failure_detected_at = result.detected_at
     _emit(
-        ATTEMPT_FAILED,
+        ATTEMPT_RESIZED if result.outcome == Outcome.RESIZED else ATTEMPT_FAILED,
         record,
         {
             "attempt": result.attempt,

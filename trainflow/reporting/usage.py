@@ -217,7 +217,9 @@ def _usage_of(client: MlflowClient, run, experiment: str, attempts: list) -> Run
     tags, metrics, params = run.data.tags, summary_figures(run.data.metrics), run.data.params
     world_size = int(params.get("world_size") or 0)
     failures = Counter(
-        a.data.tags["outcome"] for a in attempts if a.data.tags.get("outcome", "SUCCEEDED") != "SUCCEEDED"
+        a.data.tags["outcome"]
+        for a in attempts
+        if a.data.tags.get("outcome", "SUCCEEDED") not in ("SUCCEEDED", "RESIZED")  # a resize is no failure
     )
     detection_s = sum(
         a.data.metrics.get("detection_latency_s", 0.0) * int(a.data.params.get("world_size") or world_size)

@@ -7,14 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from trainflow.backends.base import Allocation
-from trainflow.backends.netns import NodeNetwork
+from trainflow.backends.netns import LostSlots, NodeNetwork
 
 
 @dataclass
 class LocalAllocation(Allocation):
     network: NodeNetwork | None = None  # one network namespace per node (resources.network: namespaces)
     sessions: list[int] = field(default_factory=list)  # every attempt's agent sessions, ended at release
-    unrecoverable: set[int] = field(default_factory=set)  # node slots that must not come back (drills)
+    lost: LostSlots = field(default_factory=LostSlots)  # node slots a drill took away for good
     warm_pools: dict[int, Any] = field(default_factory=dict)  # node slot -> its zygote (warm_pools.WarmPool)
     temp_dir: Path | None = None  # the run's TMPDIR on this machine (job_tmp.py)
 

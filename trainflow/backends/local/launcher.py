@@ -239,7 +239,7 @@ class LocalLauncher:
 
     def replace_node(self, allocation: LocalAllocation, slot: int) -> bool:
         """Bring a failed node slot back for the next attempt; False when it cannot come back."""
-        if slot in allocation.unrecoverable:
+        if not allocation.lost.may_return(slot):
             return False
         if allocation.network is not None:
             try:
@@ -254,12 +254,13 @@ class LocalLauncher:
     def preempt_node(self, handle: AttemptHandle, node: int) -> None:
         handle.processes[node].send_signal(signal.SIGTERM)  # to the node's agent, which passes it on
 
-    def cut_node(self, allocation: LocalAllocation, slot: int, permanent: bool) -> str:
+    def cut_node(self, allocation: LocalAllocation, slot: int, permanent: bool, replaced_later: bool = False) -> str:
         return cut_node_link(
             allocation.network,
-            allocation.unrecoverable,
+            allocation.lost,
             slot,
             permanent,
+            replaced_later,
             without_links="node-loss needs resources.network: namespaces",
         )
 

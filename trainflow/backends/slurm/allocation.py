@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainflow.backends.base import Allocation, AttemptHandle
+from trainflow.backends.netns import LostSlots
 from trainflow.backends.slurm.commands import JobState
 from trainflow.backends.slurm.links import ClusterLinks
 
@@ -17,7 +18,7 @@ class SlurmAllocation(Allocation):
     jobs: list[str] = field(default_factory=list)  # every attempt's job id, cancelled at release
     partition: str | None = None
     links: ClusterLinks | None = None  # a cluster brought up on this machine: node links drills can cut
-    unrecoverable: set[int] = field(default_factory=set)  # node slots that must not come back (drills)
+    lost: LostSlots = field(default_factory=LostSlots)  # node slots a drill took away for good
 
 
 @dataclass

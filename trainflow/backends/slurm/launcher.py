@@ -275,9 +275,13 @@ class SlurmLauncher:
         """Leave the failed node out of the next attempts (--exclude); True while the partition still
         has enough other usable nodes for the whole job, False to continue on fewer (min_nodes)."""
         failed = allocation.hosts[slot]
-        if failed not in allocation.exclude:
+        back = allocation.lost.may_return(slot)
+        if back and slot in allocation.lost.replaced:  # a drill's replacement: the host serves again
+            if failed in allocation.exclude:
+                allocation.exclude.remove(failed)
+        elif failed not in allocation.exclude:
             allocation.exclude.append(failed)
-        if allocation.links is not None and slot not in allocation.unrecoverable:
+        if allocation.links is not None and back:
             allocation.links.restore(slot)  # the drill's link comes back; the node stays excluded all the same
         try:
             states = commands.partition_nodes(allocation.partition)
@@ -297,12 +301,13 @@ class SlurmLauncher:
     def preempt_node(self, handle: AttemptHandle, node: int) -> None:
         handle.processes[node].send_signal(signal.SIGTERM)  # through Slurm, as a preemption would
 
-    def cut_node(self, allocation: SlurmAllocation, slot: int, permanent: bool) -> str:
+    def cut_node(self, allocation: SlurmAllocation, slot: int, permanent: bool, replaced_later: bool = False) -> str:
         return cut_node_link(
             allocation.links,
-            allocation.unrecoverable,
+            allocation.lost,
             slot,
             permanent,
+            replaced_later,
             without_links="node-loss needs a Slurm cluster brought up by local_cluster (its node links can be cut)",
         )
 

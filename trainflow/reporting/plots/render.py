@@ -39,6 +39,7 @@ OUTCOME_COLOURS = {
     "HUNG": "#6a1b9a",
     "NODE_LOST": "#4e342e",
     "CANCELLED": "#757575",
+    "RESIZED": "#1565c0",
 }
 FAILED_COLOUR = "#c62828"  # every other failure: crashed, killed, diverged, user error, infrastructure
 SEGMENT_COLOURS = {
