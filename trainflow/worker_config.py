@@ -43,6 +43,7 @@ class WorkerConfig:
     snapshot_every_s: float = 0.0  # checkpoint.snapshot_every_s: 0 snapshots every checkpoint
     keep_every_steps: int = 0  # checkpoint.keep_every_steps: these steps are always snapshotted
     local_tier: bool = True  # checkpoint.local_tier: save to node-local disk first, restore from it
+    buddy_copies: bool = True  # checkpoint.buddy_copies: each node's local files also on the next node
     pause_at_step: int | None = None  # drills: wait here until `fault_gate` exists (the fault is in)
     fault_gate: str | None = None
     parallel_strategy: str = "ddp"  # parallel.strategy; the data degree follows from the world size

@@ -105,6 +105,9 @@ def test_permanent_node_loss_continues_on_fewer_nodes(drill_env):
     assert report["outcomes"] == ["NODE_LOST", "SUCCEEDED"]
     assert report["status"] == "succeeded" and report["final_step"] == 60
     assert report["resources_released"] is True, report["leftovers"]
+    # the lost node's files of the newest local checkpoint were on node 0 too (buddy copies): the job
+    # resumes from it, not from the only snapshot in the store (the first save, at step 10)
+    assert report["resumed_from_step"] >= report["newest_checkpoint_before_fault"] >= 20, report
 
 
 def test_corrupt_checkpoint_falls_back_to_the_previous_verified_one(drill_env):

@@ -64,6 +64,12 @@ class Checkpoint(Section):
         title="Node-local tier",
         description="Save to each node's local disk first and restore from there when it verifies.",
     )
+    buddy_copies: bool = Field(
+        default=True,
+        title="Buddy copies",
+        description="Also keep each node's files of a local checkpoint on the next node, so a lost node's "
+        "state survives it: the job resumes from the newest local checkpoint, not the newest snapshot.",
+    )
 
     @field_validator("uri")
     @classmethod

@@ -3,7 +3,8 @@
    memory, everything else serialised as JSON — and goes back to training;
 2. a background thread writes the tensors with DCP into the node-local tier, hashes this rank's
    files and gathers every rank's file list over the checkpointer's own gloo group;
-3. each node's first rank commits the node's copy with a local manifest;
+3. each rank copies its files to a rank of the next node (checkpoint/buddy.py), and each node's
+   first rank commits the node's copy with a local manifest;
 4. when a snapshot is due (the first save of an attempt, then every `snapshot_every_s`, steps
    kept forever, the last step, an emergency checkpoint) the copy is published (publish.py).
 """
@@ -21,6 +22,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from trainflow.checkpoint.buddy import copy_to_buddies
 from trainflow.checkpoint.dcp_io import local_writer, make_stager, own_files
 from trainflow.checkpoint.local_tier import LOCAL_KEEP
 from trainflow.checkpoint.manifest import FileEntry, Manifest, describe_file
@@ -180,6 +182,7 @@ class Saver:
         everyone = self.ctx.all_gather(
             {
                 "rank": self.ctx.rank,
+                "node": self.ctx.config.node,
                 "error": error,
                 "own": [asdict(e) for e in own],
                 "wish": wish,
@@ -212,6 +215,8 @@ class Saver:
             files=files,
             committed_at=everyone[0]["now"],
         )
+        if self.ctx.config.buddy_copies:
+            self._copy_to_buddies(prefix, folder, everyone)
         if self.ctx.leader:
             try:
                 self.ctx.tier.commit(prefix, manifest)
@@ -238,6 +243,23 @@ class Saver:
             except OSError as exc:
                 warn(f"local checkpoint retention: {describe(exc)}")
         return saved
+
+    def _copy_to_buddies(self, prefix: str, folder, everyone: list[dict]) -> None:
+        """Each rank's files also on the next node (checkpoint/buddy.py), before the node commits."""
+        began = time.perf_counter()
+        try:
+            received = copy_to_buddies(
+                self.ctx.group,
+                self.ctx.rank,
+                {g["rank"]: g["node"] for g in everyone},
+                {g["rank"]: [FileEntry(**e) for e in g["own"]] for g in everyone},
+                folder,
+            )
+        except (RuntimeError, OSError) as exc:  # a peer gone mid-copy: this attempt is ending anyway
+            warn(f"local checkpoint {prefix}: no buddy copy: {describe(exc)}")
+            return
+        if self.ctx.rank == 0:
+            self._note(checkpoint_buddy_copy_s=time.perf_counter() - began, checkpoint_buddy_bytes=received)
 
     def _snapshot_again(self, saved: Saved, began: float) -> Saved:
         return self.publisher.publish(saved, {"stage_s": 0.0, "save_s": 0.0, "hash_s": 0.0}, began)
