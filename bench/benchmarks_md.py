@@ -67,6 +67,7 @@ def markdown(results: dict) -> str:
             f"| {kind} | {report['detected_kind']} | {report['detection_latency_s']} | {report['recovery_s']} | "
             f"{ratio} | {report['lost_steps']} | {report['params_match_baseline']} | {report['resources_released']} |"
         )
+    lines += grow_back_lines(results["drills"])
     lines += recovery_table(results)
     lines += ["", "## Checkpoints" + (f" (measured {ck['measured_at']})" if "measured_at" in ck else ""), ""]
     if "error" in ck:
@@ -74,6 +75,23 @@ def markdown(results: dict) -> str:
     else:
         lines += ["| figure | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in ck.items() if k != "measured_at"]
     return "\n".join(lines + [""])
+
+
+def grow_back_lines(drills: dict) -> list[str]:
+    """What the drill of a lost node replaced later shows beyond the table: the sizes, the stop's cost."""
+    report = drills.get("node-loss-replaced-later")
+    if not report or "error" in report or "world_sizes" not in report:
+        return []
+    sizes = " -> ".join(str(s) for s in report["world_sizes"])
+    return [
+        "",
+        f"node-loss-replaced-later: the node is lost for good, the job shrinks (world sizes {sizes}) and resumes "
+        f"from step {report['resumed_from_step']}, the newest local checkpoint, which the lost node's buddy also "
+        f"held; once the node's replacement is there the job stops at its next control point to grow back, "
+        f"losing {report['resize_lost_steps']} step(s), and the grown attempt's first step comes "
+        f"{report['resize_recovery_s']} s after the stop (an emergency checkpoint, a new launch, a resharded "
+        f"restore).",
+    ]
 
 
 def drills_restart_s(results: dict) -> float:

@@ -41,6 +41,9 @@ from trainflow.drills.servers import ServerError, stop_server, wait_http
 SPEC = "examples/digits/spec.yaml"
 EXTRA: list[str] = []  # extra --set overrides for the throughput run
 DRILLS = ["crash", "kill", "hang", "preempt", "node-loss", "straggler", "corrupt-checkpoint", "storage-outage"]
+# a node lost for good (the job shrinks, resuming from buddy copies), then its replacement (it grows back)
+GROW_BACK = "node-loss-replaced-later"
+GROW_BACK_FLAGS = ["--permanent", "--replaced-later", "--set", "resources.min_nodes=1"]
 DRILL_JOB = [
     "--set",
     "workload.steps=80",
@@ -147,7 +150,7 @@ def summarize_orchestration(runs: dict[str, list[dict]]) -> dict:
 
 def drills(env: dict) -> dict:
     reports = {}
-    for kind in DRILLS:
+    for kind in [*DRILLS, GROW_BACK]:
         extra = {
             # training must outlast the outage: at ~2 ms steps, 80 steps end inside it and the last
             # step's commit fails with the store (INFRA), where the drill expects it ridden through
@@ -163,9 +166,11 @@ def drills(env: dict) -> dict:
             ],
             # a straggler needs steps left to straggle through after the injection starts
             "straggler": ["--set", "workload.steps=600", "--set", "checkpoint.every_steps=100", "--duration", "6"],
+            GROW_BACK: GROW_BACK_FLAGS,
         }.get(kind, [])
+        fault = "node-loss" if kind == GROW_BACK else kind
         try:
-            report = last_json(["drill", SPEC, "--fault", kind, "--at-step", "30", *DRILL_JOB, *extra, "--json"], env)
+            report = last_json(["drill", SPEC, "--fault", fault, "--at-step", "30", *DRILL_JOB, *extra, "--json"], env)
         except (RuntimeError, subprocess.SubprocessError, ValueError) as exc:
             reports[kind] = {"error": str(exc)[-500:]}
             continue
@@ -185,7 +190,11 @@ def drills(env: dict) -> dict:
                 "passed",
                 "outcomes",
                 "recovery_phases",
+                "world_sizes",
+                "resize_lost_steps",
+                "resize_recovery_s",
             )
+            if k in report
         }
     return reports
 

@@ -178,6 +178,10 @@ def drill_report(
         "outcomes": [a["outcome"] for a in attempts],
         "world_sizes": [a.get("world_size") for a in attempts],
         "resize_lost_steps": sum(a.get("lost_steps") or 0 for a in attempts if a["outcome"] == "RESIZED"),
+        # growing back: from the resized attempt's end to the grown attempt's first step
+        "resize_recovery_s": next(
+            (a.get("recovery_s") for before, a in zip(attempts, attempts[1:]) if before["outcome"] == "RESIZED"), None
+        ),
         "reasons": [a.get("reason", "") for a in attempts],
         "status": summary.get("status"),
         "reason": summary.get("reason"),
