@@ -40,8 +40,12 @@ def watch_attempt(launched: Launched, commits: CommitFeed) -> AttemptResult | St
         match event:
             case RankReport(message=Checkpoint() as checkpoint):
                 commits.publish(event.as_dict())
-                if grow_back is not None and checkpoint.status == "committed" and grow_back.at_commit(checkpoint.step):
-                    logger.warning("attempt %d: %s", handle.attempt, grow_back.requested)
+                if grow_back is not None and checkpoint.status == "committed":
+                    if grow_back.at_commit(checkpoint.step):
+                        logger.warning("attempt %d: %s", handle.attempt, grow_back.requested)
+                    elif grow_back.unanswered is not None:
+                        logger.warning("could not ask whether the left-out node(s) are back: %s", grow_back.unanswered)
+                        grow_back.unanswered = None
             case RankReport(rank=rank, message=Error() as error):
                 logger.error("rank %s: %s: %s", rank, error.type, error.message)
             case RankReport(rank=rank, message=Restored() as restored):

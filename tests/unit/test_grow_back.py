@@ -137,3 +137,13 @@ def test_the_summary_records_each_resize():
         (r.attempt, r.from_world_size, r.to_world_size, r.after) for r in resizes_of(run_ledger(results, 4).attempts)
     ]
     assert rows == [(2, 4, 2, "NODE_LOST"), (3, 2, 4, "RESIZED")]
+
+
+def test_a_backend_that_cannot_answer_leaves_the_attempt_running():
+    def broken(slot: int) -> bool:
+        raise RuntimeError("sinfo: unable to contact slurmctld")
+
+    backend = Backend(back=set())
+    grow = GrowBack(slots=[1], nodes=1, final_step=40, available=broken, stop=backend.stop, every_s=0.0)
+    assert grow.at_commit(10) is False and backend.stops == 0
+    assert grow.unanswered == "RuntimeError: sinfo: unable to contact slurmctld"

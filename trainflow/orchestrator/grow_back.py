@@ -37,6 +37,7 @@ class GrowBack:
     every_s: float = ASK_EVERY_S
     clock: Callable[[], float] = time.monotonic
     requested: str | None = None  # why the attempt was stopped, once it was
+    unanswered: str | None = None  # the backend's last failure to answer, if any
     _asked_at: float | None = field(default=None, repr=False)
 
     def at_commit(self, step: int) -> bool:
@@ -49,7 +50,11 @@ class GrowBack:
             return False
         self._asked_at = now
         # every slot is asked (a backend brings a slot back when asked): a partial return is kept for later
-        back = [slot for slot in self.slots if self.available(slot)]
+        try:
+            back = [slot for slot in self.slots if self.available(slot)]
+        except Exception as exc:  # noqa: BLE001 - a backend that cannot answer now leaves the job as it runs
+            self.unanswered = f"{type(exc).__name__}: {exc}"
+            return False
         if len(back) < len(self.slots):
             return False
         self.requested = (
