@@ -291,6 +291,10 @@ def committed_steps(s3, uri: str, run_id: str) -> set[int]:
     return {step_of(key) for key in keys if key.endswith("/manifest.json")}
 
 
+def local_file(job: Job, node: int, step: int, name: str) -> Path:
+    return sorted((job.scratch(node) / "checkpoints" / job.run_id).glob(f"step-{step:08d}-*"))[-1] / name
+
+
 def local_files(job: Job, node: int, step: int) -> set[str]:
     folders = sorted((job.scratch(node) / "checkpoints" / job.run_id).glob(f"step-{step:08d}-*"))
     assert folders, f"node {node} holds no local checkpoint of step {step}"
@@ -449,19 +453,23 @@ def test_local_tier_is_used_when_valid_and_s3_otherwise(saved, s3, s3_endpoint, 
     assert first.returncodes == [0, 0], first.explain()
     # snapshots: the first checkpoint of the attempt and the last step; the local tier has 20 and 30
     assert committed_steps(s3, job.uri, job.run_id) == {10, 30}
-    assert "__1_0.distcp" not in local_files(job, 0, 20) and "__0_0.distcp" not in local_files(job, 1, 20)
+    # each node holds its own ranks' files and, as the other's buddy, the other node's
+    assert {"__0_0.distcp", "__1_0.distcp"} <= local_files(job, 0, 20) == local_files(job, 1, 20)
 
-    # the orchestrator only knows S3's older step 10; the nodes together hold a verified step 30
+    # node 1 lost its own shard of step 30; the orchestrator only knows S3's older step 10: the nodes
+    # together hold a verified step 30, node 1 gets its shard back from its buddy
+    local_file(job, 1, 30, "__1_0.distcp").unlink()
     second = job.run(steps=40, restore_prefix=f"{job.run_id}/step-00000010")
     assert second.returncodes == [0, 0], second.explain()
     assert second.restored["step"] == 30 and second.restored["tier"] == "local"
     assert local_files(job, 0, 30) == local_files(job, 1, 30)  # each node got what it lacked
 
-    # node 1's own shard of step 40 is damaged and no other node has it: S3's copy is used
-    damaged = sorted((job.scratch(1) / "checkpoints" / job.run_id).glob("step-00000040-*"))[-1] / "__1_0.distcp"
-    data = bytearray(damaged.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    damaged.write_bytes(bytes(data))
+    # node 1's shard of step 40 is damaged on both nodes that hold it: S3's copy is used
+    for node in (0, 1):
+        damaged = local_file(job, node, 40, "__1_0.distcp")
+        data = bytearray(damaged.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        damaged.write_bytes(bytes(data))
     third = job.run(steps=50, restore_prefix=f"{job.run_id}/step-00000040")
     assert third.returncodes == [0, 0], third.explain()
     assert third.restored["step"] == 40 and third.restored["tier"] == "durable"

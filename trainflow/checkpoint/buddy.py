@@ -54,9 +54,10 @@ def copy_to_buddies(group, rank: int, nodes: dict[int, int], files: dict[int, li
     sending = _count(files[rank])
     rounds = max([sending, *(receiver.chunks for receiver in incoming.values())])
     for index in range(rounds):
-        works = []
+        works, sent = [], None  # the chunk in flight stays referenced until its send is waited for
         if index < sending:
-            works.append(dist.isend(next(outgoing), dst=to, group=group))
+            sent = next(outgoing)
+            works.append(dist.isend(sent, dst=to, group=group))
         buffers = {}
         for sender, receiver in incoming.items():
             if index < receiver.chunks:
@@ -64,6 +65,7 @@ def copy_to_buddies(group, rank: int, nodes: dict[int, int], files: dict[int, li
                 works.append(dist.irecv(buffers[sender], src=sender, group=group))
         for work in works:
             work.wait()
+        del sent
         for sender, data in buffers.items():
             incoming[sender].write(data)
     return sum(receiver.finish() for receiver in incoming.values())
@@ -85,10 +87,10 @@ def _chunks(folder: Path, entries: list[FileEntry]) -> Iterator[torch.Tensor]:
             data = b""
         pending += data + bytes(entry.size - len(data))  # a short file is padded: the streams stay in step
         while len(pending) >= CHUNK:
-            yield torch.frombuffer(bytes(pending[:CHUNK]), dtype=torch.uint8)
+            yield torch.frombuffer(pending[:CHUNK], dtype=torch.uint8)
             del pending[:CHUNK]
     if pending:
-        yield torch.frombuffer(bytes(pending), dtype=torch.uint8)
+        yield torch.frombuffer(pending, dtype=torch.uint8)
 
 
 class _Receiver:
