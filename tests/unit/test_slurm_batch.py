@@ -165,3 +165,30 @@ def test_a_preemption_s_reason_names_the_time_limit_s_warning_slurm_sent():
     assert outcome == Outcome.PREEMPTED
     assert reason == f"preempted (SIGTERM to rank 0): emergency checkpoint at step 56 committed; {warning}"
     assert classify_exit([SlurmNodeExit(0, 1), SlurmNodeExit(1, 1)], status)[1].endswith("step 56 committed")
+
+
+def test_a_lost_host_is_excluded_until_the_partition_can_hold_the_job_again(monkeypatch, tmp_path):
+    from trainflow.backends.slurm import commands
+    from trainflow.backends.slurm.allocation import SlurmAllocation
+    from trainflow.backends.slurm.launcher import SlurmLauncher
+
+    states = {"n1": "idle", "n2": "allocated", "n3": "down*"}  # n3 is out: no spare for the job's 2 nodes
+    monkeypatch.setattr(commands, "partition_nodes", lambda partition: dict(states))
+    allocation = SlurmAllocation(run_id="r", backend="slurm", nodes=2, scratch=tmp_path, hosts=["n1", "n2", "n3"])
+    launcher = SlurmLauncher()
+    assert launcher.replace_node(allocation, 1) is False and allocation.exclude == ["n2"]  # the job shrinks
+    states["n3"] = "idle"  # a replacement joined the partition: the job can grow back onto it
+    assert launcher.replace_node(allocation, 1) is True and allocation.exclude == ["n2"]
+
+
+def test_a_drills_host_replaced_later_serves_again_once_the_job_has_shrunk(monkeypatch, tmp_path):
+    from trainflow.backends.slurm import commands
+    from trainflow.backends.slurm.allocation import SlurmAllocation
+    from trainflow.backends.slurm.launcher import SlurmLauncher
+
+    monkeypatch.setattr(commands, "partition_nodes", lambda partition: {"n1": "idle", "n2": "idle"})
+    allocation = SlurmAllocation(run_id="r", backend="slurm", nodes=2, scratch=tmp_path, hosts=["n1", "n2"])
+    allocation.lost.lose(1, replaced_later=True)
+    launcher = SlurmLauncher()
+    assert launcher.replace_node(allocation, 1) is False and allocation.exclude == ["n2"]
+    assert launcher.replace_node(allocation, 1) is True and allocation.exclude == []
