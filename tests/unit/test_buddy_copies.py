@@ -18,10 +18,9 @@ NODES = {0: 0, 1: 0, 2: 1, 3: 1, 4: 2, 5: 2}  # three nodes of two ranks
 
 
 def test_each_rank_sends_to_its_place_on_the_next_node_and_the_last_node_to_the_first():
-    assert {r: buddy.buddy_of(r, NODES) for r in NODES} == {0: 2, 1: 3, 2: 4, 3: 5, 4: 0, 5: 1}
-    assert buddy.buddy_of(1, {0: 0, 1: 0}) is None  # one node: no buddy
-    uneven = {0: 0, 1: 0, 2: 1}
-    assert {r: buddy.buddy_of(r, uneven) for r in uneven} == {0: 2, 1: 2, 2: 0}
+    assert buddy.buddies(NODES) == {0: 2, 1: 3, 2: 4, 3: 5, 4: 0, 5: 1}
+    assert buddy.buddies({0: 0, 1: 0}) == {}  # one node: no buddy
+    assert buddy.buddies({0: 0, 1: 0, 2: 1}) == {0: 2, 1: 2, 2: 0}
 
 
 def _free_port() -> int:
@@ -53,7 +52,7 @@ def _exchange(rank: int, port: int, root: str, results) -> None:
         files[r] = entries
     received = buddy.copy_to_buddies(dist.group.WORLD, rank, NODES, files, folder)
     dist.barrier()
-    sender = next(r for r in NODES if buddy.buddy_of(r, NODES) == rank)
+    sender = next(r for r, to in buddy.buddies(NODES).items() if to == rank)
     results[rank] = {
         "received": received,
         "sender": sender,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -30,25 +31,32 @@ from trainflow.checkpoint.storage import PARTIAL
 CHUNK = 16 << 20
 
 
-def buddy_of(rank: int, nodes: dict[int, int]) -> int | None:
-    """The rank that holds a copy of `rank`'s files (`nodes`: every rank's node); None with one node."""
-    order = sorted(set(nodes.values()))
+def buddies(nodes: dict[int, int]) -> dict[int, int]:
+    """Every rank's buddy, the rank that holds a copy of its files (`nodes`: every rank's node);
+    empty with one node."""
+    by_node: dict[int, list[int]] = {}
+    for rank in sorted(nodes):
+        by_node.setdefault(nodes[rank], []).append(rank)
+    order = sorted(by_node)
     if len(order) < 2:
-        return None
-    by_node = {node: sorted(r for r, n in nodes.items() if n == node) for node in order}
-    mine = by_node[nodes[rank]]
-    following = by_node[order[(order.index(nodes[rank]) + 1) % len(order)]]
-    return following[mine.index(rank) % len(following)]
+        return {}
+    pairs = {}
+    for place, node in enumerate(order):
+        following = by_node[order[(place + 1) % len(order)]]
+        for index, rank in enumerate(by_node[node]):
+            pairs[rank] = following[index % len(following)]
+    return pairs
 
 
 def copy_to_buddies(group, rank: int, nodes: dict[int, int], files: dict[int, list[FileEntry]], folder: Path) -> int:
     """Collective over `group` (every rank of `nodes` calls it): send this rank's files in `folder`
     to its buddy and write the files of the ranks it is the buddy of beside its own. `files`: every
     rank's files. Returns the bytes received; a file whose copy could not be written is left out."""
-    to = buddy_of(rank, nodes)
-    if to is None:
+    pairs = buddies(nodes)
+    if not pairs:
         return 0
-    senders = sorted(r for r in nodes if buddy_of(r, nodes) == rank)
+    to = pairs[rank]
+    senders = sorted(r for r, buddy in pairs.items() if buddy == rank)
     outgoing = _chunks(folder, files[rank])
     incoming = {sender: _Receiver(folder, files[sender]) for sender in senders}
     sending = _count(files[rank])
@@ -77,18 +85,24 @@ def _count(entries: list[FileEntry]) -> int:
 
 
 def _chunks(folder: Path, entries: list[FileEntry]) -> Iterator[torch.Tensor]:
-    """The files one after the other, as CHUNK-sized tensors (the last one shorter)."""
+    """The files one after the other, as CHUNK-sized tensors (the last one shorter), read a chunk
+    at a time: memory stays bounded whatever the shards' sizes."""
     pending = bytearray()
     for entry in entries:
         try:
-            with open(folder / entry.name, "rb") as source:
-                data = source.read(entry.size)
+            source = open(folder / entry.name, "rb")
         except OSError:
-            data = b""
-        pending += data + bytes(entry.size - len(data))  # a short file is padded: the streams stay in step
-        while len(pending) >= CHUNK:
-            yield torch.frombuffer(pending[:CHUNK], dtype=torch.uint8)
-            del pending[:CHUNK]
+            source = None
+        with source or nullcontext():
+            left = entry.size
+            while left:
+                count = min(CHUNK - len(pending), left)
+                data = source.read(count) if source is not None else b""
+                pending += data + bytes(count - len(data))  # a short file is padded: the streams stay in step
+                left -= count
+                if len(pending) == CHUNK:
+                    yield torch.frombuffer(pending, dtype=torch.uint8)
+                    pending = bytearray()
     if pending:
         yield torch.frombuffer(pending, dtype=torch.uint8)
 
