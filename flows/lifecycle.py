@@ -42,6 +42,7 @@ from tasks.validate import validate_spec
 from tasks.watch import watch_attempt
 from trainflow.contracts import RunSummary
 from trainflow.drills.chaos import FaultPlan
+from trainflow.orchestrator.failures import in_place_budget
 from trainflow.orchestrator.interrupts import signal_name, teardown_not_interrupted
 from trainflow.orchestrator.live import LiveRun
 from trainflow.prefect.attempt_states import failed_attempts, watched_result
@@ -103,7 +104,9 @@ def run_lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None, ru
             faults = [plan for plan in chaos or [] if plan.attempt == attempt]
             # the workers wait there for the fault; a fault at a time (plain scripts) has no step to wait at
             gate = min((plan.at_step for plan in faults if plan.at_s is None), default=None)
-            launched = launch_attempt(ready, attempt, opaque(attempt_spec), opaque(restore_from), gate)
+            # the recoveries in place its ranks may make: what the retry budgets have left
+            in_place = in_place_budget(spec.fault_tolerance, results)
+            launched = launch_attempt(ready, attempt, opaque(attempt_spec), opaque(restore_from), gate, in_place)
             injecting = [inject_fault.submit(launched, opaque(plan)) for plan in faults]
             # watch in the background; meanwhile snapshot each commit it passes on, until it ends
             # (the feed ends with the task, whether it returned or raised)

@@ -84,6 +84,18 @@ def finalize(
                 )
             },
         )
+    restarts = [(row.attempt, restart) for row in ledger.attempts for restart in row.in_place]
+    if restarts:  # each recovery in place: its cause, and the step every rank went back to
+        tracker.set_tags(
+            run,
+            {
+                "in_place_restarts": "; ".join(
+                    f"attempt {attempt} round {r['round']}: {r['reason']} -> step {r['restored_step']} "
+                    f"({r['ranks_kept']} ranks kept, {r['recovery_s']:.2f}s)"
+                    for attempt, r in restarts
+                )[:5000]
+            },
+        )
     # the ledger's figures are the run's metrics (summary/...), at its final step, as the summary has them
     figures = {"attempts": len(results), "final_step": summary.final_step, **ledger.figures.model_dump()}
     if summary.final_loss is not None:
@@ -98,6 +110,11 @@ def finalize(
             for key in ("recovery_s", "lost_steps")
             if getattr(row, key) is not None
         ]
+        if row.in_place:
+            rows += [
+                ("in_place_restarts", len(row.in_place), row.attempt, row.ended_at),
+                ("in_place_recovery_s", sum(r["recovery_s"] for r in row.in_place), row.attempt, row.ended_at),
+            ]
         if row.recovery_phases is not None:  # the same split the summary and the drill report show
             rows += [(key, value, row.attempt, row.ended_at) for key, value in row.recovery_phases.as_metrics().items()]
         if str(row.attempt) in children and rows:

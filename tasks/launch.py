@@ -75,10 +75,16 @@ def code_version(environment: Environment) -> str:
 
 @lifecycle_task(name="launch-attempt", task_run_name="launch-attempt-{attempt}")
 def launch_attempt(
-    ready: Ready, attempt: int, spec: RunSpec | None, restore_from: Committed | None, pause_at_step: int | None = None
+    ready: Ready,
+    attempt: int,
+    spec: RunSpec | None,
+    restore_from: Committed | None,
+    pause_at_step: int | None = None,
+    in_place_budget: dict[str, int] | None = None,
 ) -> Launched:
     """Start every node of attempt `attempt` with `spec` (None: the run's own), resuming from
-    `restore_from` when given; with `pause_at_step`, the workers wait there for a drill's fault."""
+    `restore_from` when given; with `pause_at_step`, the workers wait there for a drill's fault;
+    `in_place_budget`: the recoveries in place its ranks may make, by outcome."""
     provisioned = ready.provisioned
     record = provisioned.record
     spec = spec or record.spec
@@ -91,6 +97,7 @@ def launch_attempt(
         restore_prefix=restore_from.prefix if restore_from else None,
         # only where the orchestrator and the workers share the run's scratch folder
         pause_at_step=pause_at_step if isinstance(provisioned.launcher, SharesScratch) else None,
+        in_place_budget=dict(in_place_budget or {}),
     )
     handle = provisioned.launcher.launch(spec, provisioned.allocation, plan)
     handle.pause_at_step = plan.pause_at_step  # the drill's injector waits for every rank there

@@ -10,7 +10,7 @@ from tasks.attempts import STOP_GRACE_S
 from trainflow.backends.abilities import PreemptsNodes, ReplacesNodes
 from trainflow.checkpoint.plain_copies import read_restores
 from trainflow.checkpoint.storage import StorageError
-from trainflow.contracts.status_protocol import Checkpoint, Error, Layout, Preempted, Restored
+from trainflow.contracts.status_protocol import Checkpoint, Error, Layout, Preempted, RestartedInPlace, Restored
 from trainflow.orchestrator import progress
 from trainflow.orchestrator.failures import AttemptResult
 from trainflow.orchestrator.grow_back import GrowBack
@@ -48,6 +48,17 @@ def watch_attempt(launched: Launched, commits: CommitFeed) -> AttemptResult | St
                         grow_back.unanswered = None
             case RankReport(rank=rank, message=Error() as error):
                 logger.error("rank %s: %s: %s", rank, error.type, error.message)
+            case RankReport(rank=0, message=RestartedInPlace() as restart):
+                logger.warning(
+                    "attempt %d: %s; every rank went back to its memory copy of step %d in place (round %d, "
+                    "%s retry), rank 0 %.2fs after the failure",
+                    handle.attempt,
+                    restart.reason,
+                    restart.restored_step,
+                    restart.round,
+                    restart.outcome,
+                    restart.t - restart.failed_at,
+                )
             case RankReport(rank=rank, message=Restored() as restored):
                 logger.info(
                     "rank %s restored step %s (%s) in %.2fs%s",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trainflow.private_files import private_folder, write_private
@@ -52,6 +52,10 @@ class WorkerConfig:
     world_size: int = 0  # the attempt's
     plain_checkpoint_dir: str | None = None  # workload.plain.checkpoint_dir: the agents copy and restore it
     plain_resume_args: tuple[str, ...] = ()  # workload.plain.resume_args: appended when a copy was restored
+    # fault_tolerance.in_process_restart: how many recoveries in place each outcome an exception can
+    # have (INFRA, USER_ERROR) has left in its budget; empty: none (runtime/in_place.py)
+    in_place_budget: dict[str, int] = field(default_factory=dict)
+    memory_every_steps: int | None = None  # checkpoint.memory_every_steps; None: as often as costs <= 2%
 
     def write(self, path: Path) -> Path:
         """A new file readable by its owner only: it holds the status channel's token."""

@@ -313,3 +313,16 @@ def test_a_plain_scripts_own_checkpoints_need_plain_mode_and_a_folder_for_resume
     assert parse_spec(raw).workload.plain.resume_args == ["--init_from=resume"]
     raw["workload"]["plain"] = {"resume_args": ["--init_from=resume"]}
     assert "workload.plain.resume_args needs workload.plain.checkpoint_dir" in spec_error(raw)
+
+
+def test_in_process_restart_needs_a_runtime_script_and_no_retry_rules(raw):
+    raw["fault_tolerance"]["in_process_restart"] = True
+    assert parse_spec(copy.deepcopy(raw)).checkpoint.memory_every_steps is None  # as often as 2% allows
+    plain = copy.deepcopy(raw)
+    plain["workload"]["mode"] = "plain"
+    assert "fault_tolerance.in_process_restart: needs workload.mode runtime" in spec_error(plain)
+    ruled = copy.deepcopy(raw)
+    ruled["fault_tolerance"]["rules"] = [{"log_pattern": "x", "outcome": "INFRA"}]
+    assert "cannot be combined with fault_tolerance.rules" in spec_error(ruled)
+    raw["checkpoint"]["memory_every_steps"] = 0
+    assert "checkpoint.memory_every_steps" in spec_error(raw)

@@ -38,6 +38,8 @@ class AttemptPlan:
     code_version: str
     restore_prefix: str | None
     pause_at_step: int | None = None  # drills: every rank waits at this step until the fault is in
+    # recoveries in place each exception outcome has left in its budget (failures.in_place_budget)
+    in_place_budget: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

@@ -43,29 +43,44 @@ def run_as_main(target: str, args: list[str], as_module: bool = False) -> None:
 
 def _run(run_script) -> None:
     """An uncaught exception goes to sys.excepthook without this file's and runpy's frames, and
-    the process exits 1, as a script run by `python` does."""
-    try:
-        run_script()
-    except SystemExit as exc:
-        if exc.code is None or isinstance(exc.code, int):
-            if exc.code:
-                _leave(exc.code)
-            raise
-        record_exit_message(str(exc.code))
-        print(exc.code, file=sys.stderr)  # as the interpreter prints it
-        _leave(1)
-    except BaseException as exc:
-        tb = exc.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__, "<frozen runpy>"):
-            tb = tb.tb_next
-        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-        if isinstance(exc, KeyboardInterrupt):
-            sys.stdout.flush()
-            sys.stderr.flush()
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGINT)
-        _leave(1)
+    the process exits 1, as a script run by `python` does; unless every rank recovers in place
+    from it (trainflow/runtime/in_place.py), and the script runs again in this process."""
+    while True:
+        try:
+            run_script()
+            break
+        except SystemExit as exc:
+            if exc.code is None or isinstance(exc.code, int):
+                if exc.code:
+                    _leave(exc.code)
+                raise
+            record_exit_message(str(exc.code))
+            print(exc.code, file=sys.stderr)  # as the interpreter prints it
+            _leave(1)
+        except BaseException as exc:
+            tb = exc.__traceback__
+            while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__, "<frozen runpy>"):
+                tb = tb.tb_next
+            exc = exc.with_traceback(tb)
+            if _recovered_in_place(exc):
+                continue
+            sys.excepthook(type(exc), exc, tb)
+            if isinstance(exc, KeyboardInterrupt):
+                sys.stdout.flush()
+                sys.stderr.flush()
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGINT)
+            _leave(1)
     sys.exit(0)
+
+
+def _recovered_in_place(exc: BaseException) -> bool:
+    """A runtime script's ranks may all go back to their memory copies instead of ending."""
+    in_place = sys.modules.get("trainflow.runtime.in_place")
+    if in_place is None or not in_place.recover(exc):
+        return False
+    in_place.forget_script_objects(exc)
+    return True
 
 
 def _leave(code: int) -> NoReturn:

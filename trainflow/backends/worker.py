@@ -44,6 +44,8 @@ def worker_config(spec: RunSpec, run_id: str, plan: AttemptPlan, node: int, node
         world_size=spec.world_size,
         plain_checkpoint_dir=spec.workload.plain.checkpoint_dir if spec.workload.mode.value == "plain" else None,
         plain_resume_args=tuple(spec.workload.plain.resume_args),
+        in_place_budget=dict(plan.in_place_budget),
+        memory_every_steps=spec.checkpoint.memory_every_steps,
     )
 
 

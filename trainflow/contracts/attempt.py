@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainflow.contracts.evidence import AttemptEvidence
+from trainflow.contracts.in_place import InPlaceRestart
 from trainflow.contracts.outcome import Outcome
 
 
@@ -44,6 +45,7 @@ class AttemptResult:
     totals: dict = field(default_factory=dict)  # sums over rank 0's reported steps: steps, step, comm, data, stalls
     evidence: AttemptEvidence = field(default_factory=AttemptEvidence)
     resumed_from: str | None = None  # a plain script: the copy of its own checkpoint restored (URI)
+    in_place: list[InPlaceRestart] = field(default_factory=list)  # recoveries within the attempt
 
     @property
     def detection_latency_s(self) -> float | None:

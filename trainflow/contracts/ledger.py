@@ -21,6 +21,8 @@ Goodput is productive training over wall time.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel
 
 from trainflow.contracts.attempt import AttemptResult
@@ -43,10 +45,12 @@ class AttemptFigures(BaseModel):
     detection_latency_s: float | None
     recovery_s: float | None  # from the previous attempt's detection to this one's first step
     recovery_phases: RecoveryPhases | None = None  # where that time went (contracts/recovery.py)
-    lost_steps: int  # steps of this attempt the next one redid
+    lost_steps: int  # steps of this attempt redone: by the next attempt, or in it after a recovery in place
     steps_run: int  # steps rank 0 ran (and reported) in this attempt
     step_time_s: float  # their summed step time
     resumed_from: str | None = None  # a plain script: the copy of its own checkpoint it restored
+    # its recoveries in place (contracts/in_place.py), each from the failure to every rank's state back
+    in_place: list[dict[str, Any]] = []
 
 
 class RunFigures(BaseModel):
@@ -129,10 +133,14 @@ def attempt_figures(results: list[AttemptResult]) -> list[AttemptFigures]:
                 detection_latency_s=None if latency is None else round(latency, 3),
                 recovery_s=recovery,
                 recovery_phases=phases,
-                lost_steps=max(0, result.last_step - following.resumed_from_step) if following else 0,
+                lost_steps=(max(0, result.last_step - following.resumed_from_step) if following else 0)
+                + sum(restart.lost_steps for restart in result.in_place),
                 steps_run=int(result.totals.get("steps", 0)),
                 step_time_s=round(float(result.totals.get("step_time_s", 0.0)), 6),
                 resumed_from=result.resumed_from,
+                in_place=[
+                    restart.as_dict() | {"recovery_s": round(restart.recovery_s, 3)} for restart in result.in_place
+                ],
             )
         )
     return rows
@@ -152,7 +160,7 @@ def run_ledger(results: list[AttemptResult], world_size: int) -> RunLedger:
     productive = useful * mean_step
     lost_work = lost * mean_step
     detection = sum(a.detection_latency_s or 0.0 for a in attempts if a.outcome != Outcome.SUCCEEDED)
-    recovery = sum(a.recovery_s or 0.0 for a in attempts)
+    recovery = sum(a.recovery_s or 0.0 for a in attempts) + sum(r["recovery_s"] for a in attempts for r in a.in_place)
     stall = _total(results, "checkpoint_stall_s")
     accounted = productive + lost_work + detection + recovery + stall
     wasted = lost_work + detection + recovery + stall

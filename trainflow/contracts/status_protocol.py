@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 
 class Malformed(ValueError):
@@ -173,6 +173,25 @@ class Error:
 
 
 @dataclass(frozen=True)
+class RestartedInPlace:
+    """This rank went back to its in-memory copy after a failure, in the same process, and trains
+    on (runtime/in_place.py). Every rank of the round sends one, naming the same cause."""
+
+    kind: ClassVar[str] = "restarted-in-place"
+    round: int
+    outcome: str  # the failure's outcome, as the ranks classified the cause
+    reason: str
+    cause_rank: int
+    failed_step: int
+    restored_step: int
+    failed_at: float
+    abort_s: float  # this rank's: leaving the step and tearing its process groups down
+    rejoin_s: float  # agreeing on the round and forming the new group (with the script's re-run)
+    restore_s: float  # loading the in-memory copy
+    t: float = field(default_factory=_now)
+
+
+@dataclass(frozen=True)
 class Preempted:
     kind: ClassVar[str] = "preempted"
     step: int
@@ -218,13 +237,14 @@ RankMessage = (
     | Storage
     | Layout
     | Error
+    | RestartedInPlace
     | Preempted
     | Diverged
     | Finished
     | Resources
 )
 # what the orchestrator passes on to the watch as they are
-Event = Started | Restored | Checkpoint | Storage | Layout | Error | Preempted | Diverged | Finished
+Event = Started | Restored | Checkpoint | Storage | Layout | Error | RestartedInPlace | Preempted | Diverged | Finished
 
 
 # ---- a node relay's messages ----------------------------------------------------------------------
@@ -330,6 +350,7 @@ KINDS: dict[str, type] = {
         Storage,
         Layout,
         Error,
+        RestartedInPlace,
         Preempted,
         Diverged,
         Finished,

@@ -9,22 +9,11 @@ from dataclasses import dataclass
 
 from trainflow.backends.base import NodeExit
 from trainflow.contracts import AttemptResult, Outcome
+from trainflow.contracts.exceptions import exception_outcome, is_peer_failure_message
 from trainflow.contracts.exit_codes import ORCHESTRATOR_LOST as EXIT_ORCHESTRATOR_LOST
 from trainflow.contracts.exit_codes import STORE_UNREACHABLE
 from trainflow.orchestrator.status import AttemptStatus
 from trainflow.runspec import FaultTolerance
-
-INFRA_ERRORS = {"StorageError", "CheckpointInvalid", "ManifestError", "DistNetworkError", "DistStoreError"}
-
-
-PEER_FAILURE_SIGNS = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "remote worker crashing",
-    "Broken pipe",
-    "NCCL communicator was aborted",
-)
-
 
 # what a node's agent says when the rendezvous store it talks to, which a peer's agent hosts, is gone
 STORE_LOST_SIGNS = (
@@ -43,8 +32,7 @@ def signal_name(number: int) -> str:
 
 def is_peer_failure(error: dict) -> bool:
     """An error a rank raised only because another rank went away: a symptom, not the cause."""
-    message = str(error.get("message", ""))
-    return any(sign in message for sign in PEER_FAILURE_SIGNS)
+    return is_peer_failure_message(str(error.get("message", "")))
 
 
 def lost_the_store(node_exit: NodeExit) -> bool:
@@ -178,7 +166,7 @@ def describe_failure(
     """The outcome one failure implies, and a reason that quotes the evidence."""
     error, code = failure.error, failure.exitcode
     if error is not None:
-        kind = Outcome.INFRA if error.get("type") in INFRA_ERRORS else Outcome.USER_ERROR
+        kind = exception_outcome(str(error.get("type")))
         return kind, (
             f"rank {error.get('rank')} raised {error.get('type')} at step {error.get('step')}: {error.get('message')}"
         )
@@ -313,6 +301,26 @@ def budget_for(outcome: Outcome, policy: FaultTolerance) -> tuple[str, int]:
     return "restart", policy.max_restarts
 
 
+def budget_used(name: str, policy: FaultTolerance, results: list[AttemptResult]) -> int:
+    """Retries budget `name` has paid for: ended attempts and recoveries in place alike."""
+    ended = sum(1 for r in results if budget_for(r.outcome, policy)[0] == name)
+    in_place = sum(1 for r in results for restart in r.in_place if budget_for(restart.outcome, policy)[0] == name)
+    return ended + in_place
+
+
+def in_place_budget(policy: FaultTolerance, results: list[AttemptResult]) -> dict[str, int]:
+    """The recoveries in place the next attempt may make, for each outcome a rank's exception can
+    have: what that outcome's budget has left, where retry_on names it (fault_tolerance.in_process_restart)."""
+    if not policy.in_process_restart:
+        return {}
+    left = {}
+    for outcome in (Outcome.INFRA, Outcome.USER_ERROR):
+        if outcome in policy.retry_on:
+            name, budget = budget_for(outcome, policy)
+            left[outcome.value] = max(0, budget - budget_used(name, policy, results))
+    return left
+
+
 def decide(policy: FaultTolerance, results: list[AttemptResult]) -> Decision:
     """After an attempt ends: take the retry branch, or finish (succeeded or failed) and say why."""
     last = results[-1]
@@ -336,7 +344,7 @@ def decide(policy: FaultTolerance, results: list[AttemptResult]) -> Decision:
                 False, f"crash loop: {last.outcome.value} twice at step {last.last_step}, stopping ({last.reason})"
             )
     name, budget = budget_for(last.outcome, policy)
-    used = sum(1 for r in results if budget_for(r.outcome, policy)[0] == name)
+    used = budget_used(name, policy, results)
     if used > budget:
         return Decision(False, f"{name} budget spent ({budget}): {last.outcome.value}: {last.reason}")
     backoff = 0.0

@@ -43,6 +43,7 @@ from trainflow.contracts.status_protocol import (
     RankEvent,
     RankMark,
     Resources,
+    RestartedInPlace,
     Restored,
     Started,
     StepSum,
@@ -115,6 +116,8 @@ class AttemptStatus:
     diverged: dict | None = None
     error_ranks: set[int] = field(default_factory=set)
     nodes_heard: dict[int, float] = field(default_factory=dict)  # node -> when its relay's last line came
+    # round -> (rank, report) of each rank that went back to its memory copy in place
+    in_place: dict[int, list[tuple[int, RestartedInPlace]]] = field(default_factory=dict)
 
     def min_step(self) -> int:
         return min((r.step for r in self.ranks.values()), default=0)
@@ -215,6 +218,7 @@ class StatusServer:
                 errors=list(current.errors),
                 milestones=replace(current.milestones),
                 error_ranks=set(current.error_ranks),
+                in_place={k: list(v) for k, v in current.in_place.items()},
             )
 
     def summary(self) -> AttemptSummary:
@@ -437,6 +441,8 @@ class StatusServer:
             case Error():
                 current.errors.append(report.as_dict())
                 current.error_ranks.add(status.rank)
+            case RestartedInPlace(round=number):
+                current.in_place.setdefault(number, []).append((status.rank, message))
             case Preempted(signalled=signalled):
                 if current.preempted is None or signalled:
                     current.preempted = report.as_dict()  # prefer the rank that received the signal

@@ -48,6 +48,7 @@ from trainflow.orchestrator.failures import (
     only_symptoms,
     rank_failures,
 )
+from trainflow.orchestrator.in_place import in_place_restarts
 from trainflow.orchestrator.rules import match_rules, ruled_outcome
 from trainflow.orchestrator.status import AttemptStatus, AttemptSummary, RankReport, StatusServer
 from trainflow.orchestrator.step_metrics import MetricRows
@@ -398,6 +399,7 @@ class AttemptWatcher:
             finished=status.finished,
             totals=dict(self.totals),
             evidence=evidence,
+            in_place=in_place_restarts(status.in_place),
         )
 
     def _pump(self) -> None:

@@ -70,6 +70,13 @@ class Checkpoint(Section):
         description="Also keep each node's files of a local checkpoint on the next node, so a lost node's "
         "state survives it: the job resumes from the newest local checkpoint, not the newest snapshot.",
     )
+    memory_every_steps: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
+        default=None,
+        title="In-memory copy every N steps",
+        description="With fault_tolerance.in_process_restart: how often each rank copies its state into its "
+        "own memory, the state an in-process restart goes back to (default: every step while the copy costs "
+        "at most 2% of the step time, else as often as that allows).",
+    )
 
     @field_validator("uri")
     @classmethod

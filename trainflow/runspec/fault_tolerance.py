@@ -43,6 +43,14 @@ class FaultTolerance(Section):
         "or log pattern matches the earliest failing rank (the cause) sets the outcome or the action (retry, stop, "
         "exclude_node).",
     )
+    in_process_restart: bool = Field(
+        default=False,
+        title="In-process restart",
+        description="Runtime scripts: after an exception in a rank's script, every rank goes back to its "
+        "in-memory copy of the same step (checkpoint.memory_every_steps) in the process it already has, "
+        "within the budget and retry_on the exception's outcome would draw on; a rank process that dies "
+        "still ends the attempt.",
+    )
     backoff_s: Annotated[float, Field(ge=0, le=3600)] = Field(
         default=1.0,
         title="Backoff (s)",

@@ -119,6 +119,22 @@ class RunSpec(Section):
             raise ValueError("resources.procs_per_node: more processes than GPUs on a node")
         return self
 
+    @model_validator(mode="after")
+    def _in_process_restart_fits(self) -> RunSpec:
+        if not self.fault_tolerance.in_process_restart:
+            return self
+        if self.workload.mode.value != "runtime":
+            raise ValueError(
+                "fault_tolerance.in_process_restart: needs workload.mode runtime (a plain script keeps no "
+                "in-memory copy to go back to)"
+            )
+        if self.fault_tolerance.rules:
+            raise ValueError(
+                "fault_tolerance.in_process_restart: cannot be combined with fault_tolerance.rules (ranks "
+                "recovering in place decide by the built-in classification only)"
+            )
+        return self
+
     @property
     def world_size(self) -> int:
         return self.resources.world_size

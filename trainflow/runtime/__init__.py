@@ -27,7 +27,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -35,10 +35,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d
 
 from trainflow.checkpoint.storage import open_storage
 from trainflow.contracts import status_protocol as wire
-from trainflow.runtime import exit_codes
+from trainflow.runtime import exit_codes, in_place
 from trainflow.runtime.checkpointing import Checkpointer, Stateful
 from trainflow.runtime.comm_timer import CommTimer
 from trainflow.runtime.control import ControlPlane
@@ -47,6 +48,7 @@ from trainflow.runtime.ddp_buckets import BucketOrder
 from trainflow.runtime.error_report import report_uncaught_errors
 from trainflow.runtime.exit_deadline import end_within
 from trainflow.runtime.fault_gate import wait_for_fault
+from trainflow.runtime.group_sockets import note_group_sockets
 from trainflow.runtime.layout import ParallelLayout
 from trainflow.runtime.leave_groups import leave_process_groups
 from trainflow.runtime.process_clock import process_started_at
@@ -85,23 +87,40 @@ class Run:
             self.rank,
         )
         self._mesh = None
-        self.reporter = StatusReporter(
-            status_address(config.status_address),
-            config.status_token,
-            identity={"rank": self.rank, "node": config.node, "attempt": config.attempt, "pid": os.getpid()},
-            heartbeat_interval_s=config.heartbeat_interval_s,
-            orchestrator_timeout_s=config.orchestrator_timeout_s,
-        )
+        in_place_on = in_place.enabled(config)
+        resuming = in_place.pending() if in_place_on else None  # the script runs again after a failure
+        if resuming is not None:
+            self.reporter = in_place.carried().reporter
+        else:
+            self.reporter = StatusReporter(
+                status_address(config.status_address),
+                config.status_token,
+                identity={"rank": self.rank, "node": config.node, "attempt": config.attempt, "pid": os.getpid()},
+                heartbeat_interval_s=config.heartbeat_interval_s,
+                orchestrator_timeout_s=config.orchestrator_timeout_s,
+            )
         self._reports = StepReports(self.reporter, self.is_main)
         report_uncaught_errors(self.reporter, self._flush_progress, lambda: self.step)
+        if in_place_on:
+            note_group_sockets()  # so that a failure can break the groups off (runtime/group_sockets.py)
         dist.init_process_group(
             backend=config.comm_backend,
             timeout=timedelta(seconds=config.collective_timeout_s),
             device_id=self.device if self.device.type == "cuda" else None,
+            **(
+                {"store": in_place.new_group_store(resuming.round), "rank": self.rank, "world_size": self.world_size}
+                if resuming is not None
+                else {}
+            ),
         )
         rendezvous_at = time.time()
         seed_everything(config.seed + self.rank)
-        self._control = ControlPlane(self.rank, self.world_size, config.divergence_check_every_steps)
+        self._control = ControlPlane(
+            self.rank,
+            self.world_size,
+            config.divergence_check_every_steps,
+            memory_every_steps=config.memory_every_steps if in_place_on else 0,
+        )
         self._comm = CommTimer()
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # stack dumps on demand, into the node log
         self._checkpointer = Checkpointer(
@@ -119,16 +138,21 @@ class Run:
         self._saved_step: int | None = None
         self._durable_step: int | None = None  # the newest step this worker knows is in the checkpoint store
         self._data_wait = 0.0
+        self._copies = None
+        if in_place_on:
+            in_place.attach(self, distributed_c10d._get_default_store())
+            self._copies = in_place.carried().copies
         if self.local_rank == 0:  # one sampler per node
             self._resources = ResourceSampler(lambda figures: self.reporter.send(wire.Resources(figures=figures)))
-        self.reporter.send(
-            wire.Started(
-                world_size=self.world_size,
-                process_started_at=process_started_at(),
-                imported_at=imported_at,
-                rendezvous_at=rendezvous_at,
+        if resuming is None:  # a script run again in place reports its round instead (runtime/in_place.py)
+            self.reporter.send(
+                wire.Started(
+                    world_size=self.world_size,
+                    process_started_at=process_started_at(),
+                    imported_at=imported_at,
+                    rendezvous_at=rendezvous_at,
+                )
             )
-        )
 
     @property
     def is_main(self) -> bool:
@@ -149,7 +173,12 @@ class Run:
         # a DDP's bucket layout is part of the state: a resumed run must add its gradients up alike
         self._bucket_order = BucketOrder(model)
         self._state = Stateful(model=model, optimizer=optimizer, extras={**extras, BUCKET_ORDER: self._bucket_order})
-        self._check_layout(model)
+        resuming = in_place.pending() if self._copies is not None else None
+        self._check_layout(model, announce=resuming is None)
+        if resuming is not None:  # the same attempt goes on from this rank's memory copy
+            self.step = in_place.restore(self)
+            self._bucket_order.apply(self._control.group)
+            return self.step
         # this run's node-local copies first, then the orchestrator's choice and older ones, each
         # verified; a candidate that fails is skipped with its reason (see runtime/restore.py)
         restored = self._checkpointer.restore(self.config.restore_prefix, self._state)
@@ -180,13 +209,13 @@ class Run:
             )
         return self.step
 
-    def _check_layout(self, model: torch.nn.Module) -> None:
+    def _check_layout(self, model: torch.nn.Module, announce: bool = True) -> None:
         """Compare replicas only where the model has them; tell the orchestrator the attempt's
         degrees and where the model contradicts the declared layout."""
         replicated = replicated_dims(model, self.parallel)
         if replicated is not None:
             self._control.replica_groups = self.parallel.replica_groups(replicated)
-        if self.is_main:
+        if self.is_main and announce:
             warnings = layout_warnings(model, self.parallel)
             for warning in warnings:
                 print(f"trainflow: warning: {warning}", file=sys.stderr, flush=True)
@@ -225,6 +254,8 @@ class Run:
             if checkpoint_due and self._saved_step != step:
                 self.checkpoint()
                 self._saved_step = step
+            if self._copies is not None and self._state is not None and self._control.memory_copy_due(step):
+                self._control.memory_copy_took(self._copies.take(step, self._state))
             if step == self.config.pause_at_step:
                 self._flush_progress()
                 wait_for_fault(
@@ -274,6 +305,20 @@ class Run:
             requested = self._control.preempt_requested_at
             self.reporter.send(wire.Preempted(step=step, signalled=requested is not None, requested_at=requested))
             self._leave(exit_codes.PREEMPTED, f"preempted: checkpoint at step {step} committed")
+
+    def abandon(self, break_off_groups: Callable[[], int]) -> None:
+        """This run of the script ends in a failure and its process stays (runtime/in_place.py):
+        its groups are broken off first (a save in flight then fails rather than waits), then its
+        threads end."""
+        self._flush_progress()
+        if self.local_rank == 0:
+            self._resources.stop()
+        break_off_groups()
+        try:
+            self._checkpointer.close()
+        except Exception as exc:  # noqa: BLE001 - the save in flight fails with the groups
+            print(f"trainflow: the checkpoint save in flight ended: {type(exc).__name__}: {exc}", file=sys.stderr)
+        self._state = None
 
     def _leave(self, code: int, message: str) -> None:
         self._flush_progress()

@@ -17,6 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from trainflow.runtime.memory_copy import every_steps
 from trainflow.runtime.state import local_params_hash
 
 CONTROL_PERIOD_S = 0.25
@@ -24,7 +25,9 @@ WARMUP_STEPS = 10
 
 
 class ControlPlane:
-    def __init__(self, rank: int, world_size: int, divergence_every: int):
+    def __init__(self, rank: int, world_size: int, divergence_every: int, memory_every_steps: int | None = 0):
+        """`memory_every_steps`: the in-memory copies' cadence (runtime/memory_copy.py); 0: no copies,
+        None: every step during the warm-up, then as often as their cost allows, fixed by rank 0."""
         self.rank = rank
         self.world_size = world_size
         self.divergence_every = divergence_every
@@ -36,12 +39,23 @@ class ControlPlane:
         self._tuned = False
         self._warmup_until: int | None = None
         self._warmup_time = 0.0
+        self._copies_on = memory_every_steps != 0
+        self._memory_auto = memory_every_steps is None
+        self._memory_every = memory_every_steps or 1
+        self._memory_cost = 0.0  # the copies' seconds during the warm-up
         signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, signum, frame) -> None:
         # only a flag: the checkpoint happens at the next control point, on every rank together
         if self.preempt_requested_at is None:
             self.preempt_requested_at = time.time()
+
+    def memory_copy_due(self, step: int) -> bool:
+        return self._copies_on and step % self._memory_every == 0
+
+    def memory_copy_took(self, seconds: float) -> None:
+        if not self._tuned:
+            self._memory_cost += seconds
 
     def due(self, step: int) -> bool:
         return step % self._every == 0 or self._divergence_step(step)
@@ -87,7 +101,11 @@ class ControlPlane:
             self._warmup_time += step_time_s
             return
         mean = self._warmup_time / WARMUP_STEPS
-        chosen = torch.tensor([max(1, min(1000, round(CONTROL_PERIOD_S / max(mean, 1e-6))))], dtype=torch.int64)
-        dist.broadcast(chosen, src=0, group=self.group)
+        memory_every = every_steps(self._memory_cost / WARMUP_STEPS, mean) if self._memory_auto else self._memory_every
+        chosen = torch.tensor(
+            [max(1, min(1000, round(CONTROL_PERIOD_S / max(mean, 1e-6)))), memory_every], dtype=torch.int64
+        )
+        dist.broadcast(chosen, src=0, group=self.group)  # rank 0's figures: every rank the same cadences
         self._every = int(chosen[0])
+        self._memory_every = int(chosen[1])
         self._tuned = True

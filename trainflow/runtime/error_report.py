@@ -13,12 +13,21 @@ from trainflow.contracts.status_protocol import Error
 from trainflow.runtime.exit_deadline import end_within
 from trainflow.runtime.reporter import StatusReporter
 
+_reporting: list = []  # the current run's (reporter, flush, step): a script run again in place has new ones
+
 
 def report_uncaught_errors(reporter: StatusReporter, flush: Callable[[], None], step: Callable[[], int]) -> None:
-    """`flush` sends the steps not reported yet; `step` says the step the error happened at."""
-    previous = sys.excepthook
+    """`flush` sends the steps not reported yet; `step` says the step the error happened at. The hook
+    is installed once per process; a later call (the script run again in place) only rebinds it."""
+    first = not _reporting
+    _reporting[:] = [reporter, flush, step]
+    if first:
+        _install(sys.excepthook)
 
+
+def _install(previous) -> None:
     def report(kind, value, tb):
+        reporter, flush, step = _reporting
         ErrorHandler().record_exception(value)  # TORCHELASTIC_ERROR_FILE: torchrun's failure report
         flush()
         reporter.send(

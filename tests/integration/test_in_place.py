@@ -1,0 +1,84 @@
+"""In-process restart (fault_tolerance.in_process_restart): a rank's exception sends every rank back
+to its memory copy in the process it already has, within the attempt, with exact resume; an
+exception whose outcome is not retried ends the attempt as it always did."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.integration.conftest import attempt_runs, job_processes, run_cli, summary_of
+
+pytestmark = pytest.mark.integration
+
+SPEC = "examples/digits/spec.yaml"
+
+
+def raising(tmp_path, error: str, *overrides: str, at_step: int = 12) -> list[str]:
+    """The `trainflow run` arguments of a 2 x 2 job whose rank 1 raises `error` at `at_step` once (0: never)."""
+    marker, pids = tmp_path / "raised", tmp_path / "pids"
+    args = f"[--raise-at-step, '{at_step}', --error, {error}, --marker, {marker}, --pids, {pids}]"
+    sets = [
+        "workload.entrypoint=tests/integration/workloads/raise_once.py",
+        f"workload.args={args}",
+        "workload.steps=30",
+        "checkpoint.every_steps=5",
+        "resources.procs_per_node=2",
+        *overrides,
+    ]
+    return ["run", SPEC, *[part for value in sets for part in ("--set", value)], "--json"]
+
+
+def pids_of(tmp_path) -> dict[str, list[int]]:
+    return {p.name: [int(line) for line in p.read_text().split()] for p in sorted((tmp_path / "pids").iterdir())}
+
+
+def test_an_exception_is_recovered_in_place_with_every_rank_process_kept(cli_env, tmp_path):
+    baseline = run_cli(raising(tmp_path / "baseline", "DistNetworkError", at_step=0), cli_env)
+    assert baseline.returncode == 0, baseline.stderr[-4000:]
+    result = run_cli(
+        raising(
+            tmp_path,
+            "DistNetworkError",
+            "fault_tolerance.in_process_restart=true",
+            "checkpoint.memory_every_steps=1",
+        ),
+        cli_env,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = summary_of(result)
+    # one attempt: the four rank processes went on, each ran the script twice in the same process
+    assert [a["outcome"] for a in summary["attempts"]] == ["SUCCEEDED"]
+    pids = pids_of(tmp_path)
+    assert sorted(pids) == ["rank-0", "rank-1", "rank-2", "rank-3"]
+    assert all(len(runs) == 2 and runs[0] == runs[1] for runs in pids.values()), pids
+    (restart,) = summary["attempts"][0]["in_place"]
+    assert restart["outcome"] == "INFRA"
+    assert restart["cause_rank"] == 1
+    assert "DistNetworkError at step 12: injected at step 12" in restart["reason"]
+    # rank 1 raised after step 12's update; the others may have copied step 12, rank 1 only 11
+    assert (restart["failed_step"], restart["restored_step"], restart["lost_steps"]) == (12, 11, 0)
+    assert (restart["ranks_kept"], restart["ranks_replaced"]) == (4, 0)
+    assert set(restart["phases"]) == {"abort_s", "rejoin_s", "restore_s"}
+    assert summary["costs"]["recovery_s_total"] == pytest.approx(restart["recovery_s"], abs=1e-3)
+    # exact resume: the same parameters as the run without a failure
+    assert summary["params_sha256"] == summary_of(baseline)["params_sha256"]
+    assert summary["final_step"] == 30
+    client = MlflowClient(summary["tracking_uri"])
+    tag = client.get_run(summary["mlflow_run_id"]).data.tags["in_place_restarts"]
+    assert tag.startswith("attempt 1 round 1: rank 1 raised DistNetworkError at step 12") and "-> step 11" in tag
+    (child,) = attempt_runs(client, summary)
+    assert child.data.metrics["in_place_restarts"] == 1
+    assert job_processes(summary["run_id"]) == []
+
+
+def test_an_exception_that_is_not_retried_ends_the_attempt_with_the_scripts_own_line(cli_env, tmp_path):
+    result = run_cli(raising(tmp_path, "ValueError", "fault_tolerance.in_process_restart=true"), cli_env)
+    assert result.returncode == 1, result.stderr[-4000:]
+    summary = summary_of(result)
+    (attempt,) = summary["attempts"]
+    assert attempt["outcome"] == "USER_ERROR"
+    assert "rank 1 raised ValueError at step 12: injected at step 12" in attempt["reason"]
+    assert attempt["in_place"] == []
+    assert all(len(runs) == 1 for runs in pids_of(tmp_path).values())
+    assert job_processes(summary["run_id"]) == []

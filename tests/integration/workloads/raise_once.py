@@ -1,0 +1,39 @@
+"""Test workload: trains like any other, but the first time rank --rank reaches --raise-at-step it
+raises --error (a marker file remembers that it did). Each time the script starts in a rank's
+process it adds that process's pid to --pids/rank-R, so a test tells a rank that went on in its
+own process from one started anew."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import torch.distributed as dist
+from tiny_ddp import train
+
+ERRORS = {"DistNetworkError": dist.DistNetworkError, "ValueError": ValueError}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--raise-at-step", type=int, required=True)
+    parser.add_argument("--rank", type=int, default=1)
+    parser.add_argument("--error", choices=sorted(ERRORS), default="DistNetworkError")
+    parser.add_argument("--marker", type=Path, required=True)
+    parser.add_argument("--pids", type=Path, required=True)
+    args = parser.parse_args()
+    args.pids.mkdir(parents=True, exist_ok=True)
+    with (args.pids / f"rank-{os.environ['RANK']}").open("a") as record:
+        record.write(f"{os.getpid()}\n")
+
+    def after_step(run, model, step: int) -> None:
+        if step == args.raise_at_step and run.rank == args.rank and not args.marker.exists():
+            args.marker.touch()
+            raise ERRORS[args.error](f"injected at step {step}")
+
+    train(after_step)
+
+
+if __name__ == "__main__":
+    main()

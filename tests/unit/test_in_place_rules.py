@@ -1,0 +1,117 @@
+"""In-process restart's rules: the round's decision on the ranks' reports (runtime/in_place_rules.py),
+the budgets the orchestrator hands down and counts again (orchestrator/failures.py), and the figures
+of a recovery in place in the run's ledger."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from trainflow.contracts import AttemptResult, Outcome, run_ledger
+from trainflow.contracts.in_place import InPlaceRestart
+from trainflow.orchestrator.failures import decide, in_place_budget
+from trainflow.runspec import FaultTolerance
+from trainflow.runtime.in_place_rules import Report, RoundDecision, decide_round
+
+PEER_GONE = "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:20623"
+
+
+def report(rank: int, type_: str = "RuntimeError", message: str = PEER_GONE, step: int = 13, **kw) -> Report:
+    return Report(rank=rank, type=type_, message=message, step=step, copies=kw.pop("copies", [11, 12]), **kw)
+
+
+def reports() -> list[Report]:
+    # rank 1 raised after step 12's update; its peers were in step 13's all-reduce
+    return [report(0, t=2.0), report(1, "DistNetworkError", "link down", 12, copies=[10, 11], t=1.5), report(2, t=1.9)]
+
+
+def test_the_cause_is_the_rank_whose_error_is_not_a_peers_going_away():
+    decision = decide_round(reports(), {"INFRA": 3}, [])
+    assert decision == RoundDecision(
+        go=True,
+        reason="rank 1 raised DistNetworkError at step 12: link down",
+        outcome="INFRA",
+        cause_rank=1,
+        failed_step=12,
+        restored_step=11,  # the newest step every rank holds
+    )
+
+
+def test_an_outcome_the_spec_does_not_retry_or_whose_budget_is_spent_ends_the_attempt():
+    user = [report(0, t=2.0), report(1, "ValueError", "bad batch", 12, t=1.0)]
+    assert (
+        decide_round(user, {"INFRA": 3}, []).reason
+        == "USER_ERROR is not retried: rank 1 raised ValueError at step 12: bad batch"
+    )
+    spent = decide_round(reports(), {"INFRA": 1}, [RoundDecision(True, "earlier", "INFRA", 1, 5, 4)])
+    assert not spent.go and spent.reason.startswith("INFRA has no retry left in its budget")
+    assert decide_round(reports(), {"INFRA": 0}, []).go is False
+
+
+def test_the_same_failure_at_the_same_step_from_the_same_copy_twice_is_a_crash_loop():
+    first = decide_round(reports(), {"INFRA": 5}, [])
+    again = decide_round(reports(), {"INFRA": 5}, [first])
+    assert not again.go and again.reason.startswith("crash loop: INFRA twice at step 12")
+
+
+def test_a_rank_without_the_common_copy_ends_the_attempt():
+    lagging = [*reports()[:2], report(2, copies=[], t=1.9)]
+    assert decide_round(lagging, {"INFRA": 3}, []).reason.startswith("rank(s) without an in-memory copy yet")
+    apart = [report(0, copies=[14, 15], t=2.0), report(1, "DistNetworkError", "x", 12, copies=[10, 11], t=1.0)]
+    assert decide_round(apart, {"INFRA": 3}, []).reason.startswith("no in-memory copy of step 11 on rank(s) [0]")
+
+
+def test_only_symptoms_name_the_earliest_as_the_cause():
+    decision = decide_round([report(0, t=2.0), report(1, t=1.0)], {"USER_ERROR": 1}, [])
+    assert (decision.go, decision.cause_rank, decision.outcome) == (True, 1, "USER_ERROR")
+
+
+def result(outcome: Outcome, in_place: list[InPlaceRestart] | None = None) -> AttemptResult:
+    return AttemptResult(
+        attempt=1,
+        outcome=outcome,
+        reason="why",
+        world_size=4,
+        started_at=0.0,
+        ended_at=100.0,
+        detected_at=100.0,
+        failed_at=None,
+        last_step=30,
+        resumed_from_step=0,
+        totals={"steps": 32, "step_time_s": 32.0},
+        in_place=in_place or [],
+    )
+
+
+RESTART = InPlaceRestart(
+    round=1,
+    outcome=Outcome.INFRA,
+    reason="rank 1 raised DistNetworkError at step 12: link down",
+    cause_rank=1,
+    failed_step=12,
+    restored_step=9,
+    failed_at=40.0,
+    resumed_at=40.5,
+    ranks_kept=4,
+)
+
+
+def test_the_budget_handed_down_is_what_the_retries_and_the_recoveries_in_place_left():
+    policy = FaultTolerance(in_process_restart=True, max_infra_failures=2)
+    assert in_place_budget(policy, []) == {"INFRA": 2}  # USER_ERROR is not in the default retry_on
+    assert in_place_budget(policy, [result(Outcome.INFRA, [RESTART])]) == {"INFRA": 0}
+    users = FaultTolerance(in_process_restart=True, max_user_errors=1, retry_on=[Outcome.USER_ERROR])
+    assert in_place_budget(users, []) == {"USER_ERROR": 1}
+    assert in_place_budget(FaultTolerance(), []) == {}
+    # an attempt that recovered in place once and then failed again has spent two retries
+    assert decide(policy, [result(Outcome.INFRA, [RESTART])]).retry is True
+    spent = decide(policy, [result(Outcome.INFRA, [RESTART, replace(RESTART, round=2)])])
+    assert not spent.retry and spent.reason.startswith("infrastructure budget spent (2)")
+
+
+def test_the_ledger_counts_a_recovery_in_place_as_lost_work_and_recovery():
+    ledger = run_ledger([result(Outcome.SUCCEEDED, [RESTART])], world_size=4)
+    (row,) = ledger.attempts
+    assert row.lost_steps == 2  # steps 10 and 11 were trained again; the failed step 12 is not counted
+    assert row.in_place[0]["recovery_s"] == 0.5 and row.in_place[0]["ranks_kept"] == 4
+    assert ledger.figures.recovery_s_total == 0.5
+    assert ledger.figures.lost_steps == 2

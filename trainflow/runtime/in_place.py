@@ -1,0 +1,203 @@
+"""In-process restart: after an exception in a rank's script, every rank goes back to its in-memory
+copy of the same step in the process it already has, and the script runs again (spec:
+fault_tolerance.in_process_restart, runtime scripts only).
+
+    a rank raises ──▶ it breaks its process groups off ──▶ its peers' collectives raise at once
+    every rank: report to the round (the job's store) ──▶ rank 0 decides for all
+        go:     new process group (a new store prefix) ──▶ the script runs again in the same process;
+                init() joins that group, restore() loads the in-memory copy ──▶ training goes on
+        no go:  the exception ends the rank as before (the attempt ends, the orchestrator decides)
+
+The decision is the orchestrator's rules, taken where the ranks are (in_place_rules.py): the cause
+is the earliest rank whose exception is not only a symptom of another's; its outcome (INFRA or
+USER_ERROR) must be retried by the spec and have budget left, which the orchestrator handed down at
+launch (WorkerConfig.in_place_budget) and counts again after the attempt; the same failure at the
+same step from the same copy twice is a crash loop. A rank that does not report within the
+collective timeout (its process died, or it is stuck) means no go: the attempt ends as it always did.
+
+Imports, the interpreter and the process stay; the script's objects are built again by its own
+code (models, optimizers, loaders), and their state comes from the memory copy, not from storage.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+from trainflow.contracts import status_protocol as wire
+from trainflow.runtime.group_sockets import break_off_groups
+from trainflow.runtime.in_place_rules import Report, RoundDecision, decide_round
+from trainflow.runtime.memory_copy import MemoryCopies
+
+if TYPE_CHECKING:
+    from trainflow.runtime import Run
+
+ROUND_KEY = "trainflow/in-place"
+
+
+@dataclass
+class Pending:
+    """A round that went ahead: what the next init() and restore() of the script finish."""
+
+    round: int
+    decision: RoundDecision
+    failed_at: float
+    abort_s: float
+    began: float  # perf_counter at the failure
+
+
+@dataclass
+class Carried:
+    """What outlives one run of the script in this process."""
+
+    reporter: Any  # the rank's StatusReporter: one connection for the process
+    store: Any  # the job's store, under the groups' prefixes
+    copies: MemoryCopies = field(default_factory=MemoryCopies)
+    decisions: list[RoundDecision] = field(default_factory=list)
+    pending: Pending | None = None
+
+
+_carried: Carried | None = None
+_active: Run | None = None
+
+
+def enabled(config) -> bool:
+    return any(left > 0 for left in config.in_place_budget.values())
+
+
+def pending() -> Pending | None:
+    return _carried.pending if _carried is not None else None
+
+
+def carried() -> Carried | None:
+    return _carried
+
+
+def attach(run: Run, store: Any) -> None:
+    """`run` is the script's run now; `store` is the job's store (kept from the first init)."""
+    global _carried, _active
+    if _carried is None:
+        _carried = Carried(reporter=run.reporter, store=store)
+    _active = run
+
+
+def new_group_store(round_: int) -> Any:
+    return dist.PrefixStore(f"{ROUND_KEY}/{round_}/group", _carried.store)
+
+
+def recover(exc: BaseException) -> bool:
+    """Called with the exception that ends the script's run: True when every rank goes back to its
+    memory copy and the script must run again, False when the exception ends the rank as before."""
+    global _active
+    run, held = _active, _carried
+    if run is None or held is None or isinstance(exc, (SystemExit, KeyboardInterrupt)):
+        return False
+    if not enabled(run.config) or not held.copies.steps:
+        return False
+    began, failed_at = time.perf_counter(), time.time()
+    traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)  # the node log has it whole
+    _active = None
+    run.abandon(break_off_groups)
+    abort_s = time.perf_counter() - began
+    round_ = len(held.decisions) + 1
+    line = _line(exc)
+    print(
+        f"trainflow: rank {run.rank} raised {type(exc).__name__} at step {run.step}: {line}; "
+        f"recovering in place (round {round_})",
+        file=sys.stderr,
+        flush=True,
+    )
+    mine = Report(
+        rank=run.rank, type=type(exc).__name__, message=line, step=run.step, copies=held.copies.steps, t=failed_at
+    )
+    decision = _agree(held.store, round_, run, mine)
+    if not decision.go:
+        print(f"trainflow: no recovery in place: {decision.reason}", file=sys.stderr, flush=True)
+        return False
+    held.decisions.append(decision)
+    held.pending = Pending(round_, decision, failed_at, abort_s, began)
+    return True
+
+
+def restore(run: Run) -> int:
+    """In restore(): load the copy the round chose into the script's new objects and report the
+    round; returns the step to go on after."""
+    held = _carried
+    assert held is not None and held.pending is not None and run._state is not None
+    pending_round, held.pending = held.pending, None
+    rejoined = time.perf_counter()
+    restore_s = held.copies.restore(pending_round.decision.restored_step, run._state)
+    decision = pending_round.decision
+    run.reporter.send(
+        wire.RestartedInPlace(
+            round=pending_round.round,
+            outcome=decision.outcome,
+            reason=decision.reason,
+            cause_rank=decision.cause_rank,
+            failed_step=decision.failed_step,
+            restored_step=decision.restored_step,
+            failed_at=pending_round.failed_at,
+            abort_s=pending_round.abort_s,
+            rejoin_s=max(0.0, rejoined - pending_round.began - pending_round.abort_s),
+            restore_s=restore_s,
+        )
+    )
+    print(
+        f"trainflow: rank {run.rank} back at step {decision.restored_step} from its memory copy "
+        f"(round {pending_round.round}, {time.perf_counter() - pending_round.began:.2f}s after the failure)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return decision.restored_step
+
+
+def _agree(store: Any, round_: int, run: Run, mine: Report) -> RoundDecision:
+    """Every rank reports; rank 0 reads them all and decides; the others read its decision. Each
+    rank touches the store a constant number of times, rank 0 once per rank."""
+    key = f"{ROUND_KEY}/{round_}"
+    wait = timedelta(seconds=run.config.collective_timeout_s)
+    try:
+        store.set(f"{key}/report/{run.rank}", json.dumps(mine.as_dict()))
+        if run.rank == 0:
+            decision = _decide(store, key, run, wait)
+            store.set(f"{key}/decision", json.dumps(decision.as_dict()))
+            return decision
+        store.wait([f"{key}/decision"], wait + wait)  # rank 0 waits for the reports first
+        return RoundDecision.from_dict(json.loads(store.get(f"{key}/decision")))
+    except (RuntimeError, ValueError, OSError) as exc:  # the store is gone, or the wait ran out
+        return RoundDecision.no_go(f"the round could not be agreed on: {type(exc).__name__}: {str(exc)[:200]}")
+
+
+def _decide(store: Any, key: str, run: Run, wait: timedelta) -> RoundDecision:
+    names = [f"{key}/report/{r}" for r in range(run.world_size)]
+    try:
+        store.wait(names, wait)
+    except (RuntimeError, ValueError) as exc:
+        missing = [r for r, name in enumerate(names) if not store.check([name])]
+        shown = ", ".join(str(r) for r in missing[:10]) + (" ..." if len(missing) > 10 else "")
+        return RoundDecision.no_go(f"rank(s) {shown} did not report within {wait.total_seconds():g}s ({exc})")
+    reports = [Report.from_dict(json.loads(value)) for value in store.multi_get(names)]
+    return decide_round(reports, run.config.in_place_budget, _carried.decisions)
+
+
+def _line(exc: BaseException) -> str:
+    """The exception's message as an Error report carries it (its first line)."""
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:500]
+
+
+def forget_script_objects(exc: BaseException) -> None:
+    """The failed run's objects (its model, its optimizer) go before the script runs again."""
+    tb = exc.__traceback__
+    if tb is not None:
+        traceback.clear_frames(tb)
+    exc.__traceback__ = None
+    gc.collect()

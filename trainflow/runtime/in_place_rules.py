@@ -1,0 +1,79 @@
+"""Whether a round of in-process restart goes ahead: the orchestrator's rules, applied by rank 0 to
+what every rank reported (runtime/in_place.py). Pure: the same reports give the same decision."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from trainflow.contracts.exceptions import exception_outcome, is_peer_failure_message
+
+
+@dataclass(frozen=True)
+class Report:
+    """One rank's word to the round: its exception, the step it was in, the copies it holds."""
+
+    rank: int
+    type: str
+    message: str
+    step: int
+    copies: list[int] = field(default_factory=list)
+    t: float = 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Report:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class RoundDecision:
+    go: bool
+    reason: str
+    outcome: str = ""
+    cause_rank: int = -1
+    failed_step: int = 0
+    restored_step: int = 0
+
+    @classmethod
+    def no_go(cls, reason: str) -> RoundDecision:
+        return cls(go=False, reason=reason)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RoundDecision:
+        return cls(**data)
+
+
+def decide_round(reports: list[Report], budget: dict[str, int], earlier: list[RoundDecision]) -> RoundDecision:
+    """`budget`: the recoveries each outcome had left at launch; `earlier`: this attempt's rounds."""
+    causes = sorted((r for r in reports if not is_peer_failure_message(r.message)), key=lambda r: (r.t, r.rank))
+    cause = causes[0] if causes else min(reports, key=lambda r: (r.t, r.rank))
+    outcome = exception_outcome(cause.type).value
+    reason = f"rank {cause.rank} raised {cause.type} at step {cause.step}: {cause.message}"
+    if outcome not in budget:
+        return RoundDecision.no_go(f"{outcome} is not retried: {reason}")
+    left = budget[outcome] - sum(1 for d in earlier if d.outcome == outcome)
+    if left <= 0:
+        return RoundDecision.no_go(f"{outcome} has no retry left in its budget: {reason}")
+    if any(not r.copies for r in reports):
+        return RoundDecision.no_go(f"rank(s) without an in-memory copy yet: {reason}")
+    restored = min(max(r.copies) for r in reports)
+    lacking = [r.rank for r in reports if restored not in r.copies]
+    if lacking:
+        return RoundDecision.no_go(f"no in-memory copy of step {restored} on rank(s) {lacking[:10]}: {reason}")
+    if earlier:
+        last = earlier[-1]
+        if last.outcome == outcome and last.failed_step == cause.step and last.restored_step == restored:
+            return RoundDecision.no_go(f"crash loop: {outcome} twice at step {cause.step}, stopping ({reason})")
+    return RoundDecision(
+        go=True,
+        reason=reason,
+        outcome=outcome,
+        cause_rank=cause.rank,
+        failed_step=cause.step,
+        restored_step=restored,
+    )
