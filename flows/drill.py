@@ -119,7 +119,15 @@ def fault_drill(
     leftovers += [describe(p) for p in job_processes(summary["run_id"])]
     released = bool(summary.get("teardown", {}).get("clean")) and not leftovers
     yardstick = torchrun_restart_s() if compare_torchrun else None
-    report = drill_report(fault, summary, baseline, yardstick, released, spec.checkpoint.every_steps)
+    report = drill_report(
+        fault,
+        summary,
+        baseline,
+        yardstick,
+        released,
+        spec.checkpoint.every_steps,
+        spec.fault_tolerance.in_process_restart,
+    )
     report["leftovers"] = leftovers
     logger.info("drill %s: %s", fault.kind.value, "PASSED" if report["passed"] else "FAILED")
     for rule in report["broken_rules"]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -73,6 +74,9 @@ class WorkerConfig:
         if not path:
             raise RuntimeError(f"{CONFIG_ENV} is not set: run this script through `trainflow run SPEC`, not directly")
         return cls(**json.loads(Path(path).read_text()))
+
+
+EXCEPTION_SIGNAL = signal.SIGUSR2  # a drill's exception fault: the rank raises where it is (runtime/fault_gate.py)
 
 
 def fault_gate_path(scratch: Path, attempt: int) -> Path:

@@ -1,8 +1,9 @@
 """Sharded training through trainflow: FSDP2, tensor parallel and FSDP2 + TP each train to the
 end, a crash drill on each resumes bit-identically (params_sha256 over the full parameters, the
-same definition whatever the layout), a permanent node loss reshards to fewer ranks and the node's
-replacement grows the job back, and the
-spec's layout reaches the script and is checked against the model it registered."""
+same definition whatever the layout), an exception is recovered in place from each rank's memory
+copy of its shards, a permanent node loss reshards to fewer ranks and the node's replacement grows
+the job back, and the spec's layout reaches the script and is checked against the model it
+registered."""
 
 from __future__ import annotations
 
@@ -70,6 +71,26 @@ def test_sharded_layout_trains_to_the_end_and_a_crash_resumes_exactly(home_env, 
     assert report["final_step"] == STEPS
     assert report["params_match_baseline"] is True, report
     assert report["resources_released"] is True
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("layout", ["fsdp_tp", "hsdp"])
+def test_an_exception_in_a_sharded_layout_is_recovered_in_place_exactly(home_env, layout):
+    report = drill(
+        home_env,
+        "exception",
+        "--set",
+        "fault_tolerance.in_process_restart=true",
+        "--set",
+        "checkpoint.memory_every_steps=1",
+        *LAYOUTS[layout],
+    )
+    assert report["passed"] is True, report["broken_rules"]
+    # one attempt: its four rank processes went on, each from its own memory copy of its shards
+    assert report["outcomes"] == ["SUCCEEDED"]
+    assert (report["ranks_kept"], report["ranks_replaced"]) == (4, 0)
+    assert (report["resumed_from_step"], report["lost_steps"]) == (15, 0)
+    assert report["params_match_baseline"] is True
 
 
 def losses(client: MlflowClient, run_id: str) -> dict[int, float]:

@@ -362,3 +362,46 @@ def test_replaced_later_needs_a_permanent_node_loss_and_room_to_shrink():
         check_plan(spec, FaultPlan(kind="node-loss", replaced_later=True))
     with pytest.raises(SpecError, match="resources.min_nodes"):
         check_plan(spec, FaultPlan(kind="node-loss", permanent=True, replaced_later=True))
+
+
+def recovered_in_place(kept: int = 2, restored: int = 70, failed: int = 70) -> dict:
+    row = {**attempt(1, "SUCCEEDED", 200, 0), "world_size": 2}
+    row["in_place"] = [
+        {
+            "round": 1,
+            "outcome": "INFRA",
+            "failed_step": failed,
+            "restored_step": restored,
+            "failed_at": 5.01,
+            "recovery_s": 0.08,
+            "phases": {"abort_s": 0.002, "rejoin_s": 0.07, "restore_s": 0.002},
+            "ranks_kept": kept,
+            "ranks_replaced": 0,
+            "lost_steps": max(0, failed - 1 - restored),
+        }
+    ]
+    return summary([row])
+
+
+def in_place_verdict(run: dict) -> dict:
+    return drill_report(FaultPlan(kind="exception", at_step=70), run, BASELINE, 1.0, True, 50, in_process_restart=True)
+
+
+def test_an_exception_recovered_in_place_reports_its_round_and_passes():
+    report = in_place_verdict(recovered_in_place())
+    assert report["broken_rules"] == [] and report["passed"] is True
+    assert (report["detected_kind"], report["detection_latency_s"]) == ("INFRA", 0.01)
+    assert (report["recovery_s"], report["recovery_vs_torchrun"], report["ranks_kept"]) == (0.08, 0.08, 2)
+    assert (report["resumed_from_step"], report["lost_steps"]) == (70, 0)
+
+
+@pytest.mark.parametrize(
+    "run, broken",
+    [
+        (recovered_in_place(kept=1), "1 rank process(es) kept and 0 replaced, expected all 2 kept"),
+        (recovered_in_place(restored=60), "lost 9 steps in place, more than 1"),
+        (summary([attempt(1, "INFRA", 70, 0), attempt(2, "SUCCEEDED", 200, 70)]), "no recovery in place was recorded"),
+    ],
+)
+def test_an_exception_drill_with_in_process_restart_fails_unless_every_rank_went_on_in_place(run, broken):
+    assert broken in in_place_verdict(run)["broken_rules"]

@@ -17,7 +17,7 @@ class InPlaceRestart:
     failed_step: int  # the step in progress when it failed
     restored_step: int  # the step of the in-memory copy every rank went back to
     failed_at: float
-    resumed_at: float  # every rank had its state back (the slowest rank's report)
+    resumed_at: float  # every rank had its state back and trained a step (the slowest rank's report)
     ranks_kept: int  # rank processes that went on
     ranks_replaced: int = 0  # rank processes started anew
     phases: dict[str, float] = field(default_factory=dict)  # abort_s, rejoin_s, restore_s: slowest rank's

@@ -174,8 +174,9 @@ class Error:
 
 @dataclass(frozen=True)
 class RestartedInPlace:
-    """This rank went back to its in-memory copy after a failure, in the same process, and trains
-    on (runtime/in_place.py). Every rank of the round sends one, naming the same cause."""
+    """This rank went back to its in-memory copy after a failure, in the same process, and has
+    trained its first step since (runtime/in_place.py). Every rank of the round sends one, naming
+    the same cause."""
 
     kind: ClassVar[str] = "restarted-in-place"
     round: int

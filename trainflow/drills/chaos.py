@@ -4,6 +4,10 @@ except that (where the backend shares the run's scratch folder) every rank stand
 fault's step until the fault is in: the fault lands at the step asked for however fast the steps
 are, instead of wherever a task racing the training happens to catch it.
 
+An exception is the one fault the rank's runtime takes part in: in a drill's attempt it raises a
+DistNetworkError when the drill's signal reaches it, as a transient network error would surface in
+a training loop.
+
 Each kind of fault goes in through an ability its backend offers (trainflow.backends.abilities); a
 drill whose backend cannot inject its fault is refused before anything runs (`backend_inability`)."""
 
@@ -25,10 +29,11 @@ from trainflow.checkpoint.catalog import list_committed
 from trainflow.checkpoint.storage import Storage, open_storage
 from trainflow.drills.storage_proxy import relay_on
 from trainflow.orchestrator.status import StatusServer
-from trainflow.worker_config import fault_gate_path, gate_arrival_path, gate_signal_path
+from trainflow.worker_config import EXCEPTION_SIGNAL, fault_gate_path, gate_arrival_path, gate_signal_path
 
 
 class FaultKind(str, Enum):
+    exception = "exception"  # a transient error raised in a rank's training loop (DistNetworkError)
     crash = "crash"
     kill = "kill"
     hang = "hang"
@@ -88,6 +93,7 @@ class FaultPlan(BaseModel):
 
 # what the backend must be able to do for each kind (None: the drill breaks it outside the backend)
 FAULT_ABILITIES: dict[FaultKind, type | None] = {
+    FaultKind.exception: SignalsRanks,  # the drill's signal, which the rank's runtime raises on
     FaultKind.crash: SignalsRanks,
     FaultKind.kill: SignalsRanks,
     FaultKind.hang: SignalsRanks,
@@ -228,7 +234,7 @@ def _inject(
     record.detail["step"] = status.max_step()  # where the fastest rank is: the fault's step when gated
     record.detail["steps"] = {rank: r.step for rank, r in sorted(status.ranks.items())}
     record.detail["at_gate"] = at_gate  # every rank had returned from its step's checkpoint call
-    if kind in (FaultKind.crash, FaultKind.kill, FaultKind.hang, FaultKind.straggler):
+    if kind in (FaultKind.exception, FaultKind.crash, FaultKind.kill, FaultKind.hang, FaultKind.straggler):
         rank = plan.target_rank(world_size)
         pid = worker_pid(channel, rank)
         record.target = f"rank {rank} (pid {pid})"
@@ -238,7 +244,12 @@ def _inject(
             open_gate(allocation, handle)  # the slowing down is the fault: training goes on under it
             _slow_down(launcher, allocation, pid, plan.duration_s, handle)
             return record
-        sig = {FaultKind.crash: signal.SIGSEGV, FaultKind.kill: signal.SIGKILL, FaultKind.hang: signal.SIGSTOP}[kind]
+        sig = {
+            FaultKind.exception: EXCEPTION_SIGNAL,
+            FaultKind.crash: signal.SIGSEGV,
+            FaultKind.kill: signal.SIGKILL,
+            FaultKind.hang: signal.SIGSTOP,
+        }[kind]
         record.injected_at = time.time()
         launcher.signal_rank(allocation, pid, sig)
     elif kind == FaultKind.preempt:

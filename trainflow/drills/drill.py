@@ -27,6 +27,7 @@ def drill_spec(spec: RunSpec, plan: FaultPlan) -> RunSpec:
 
 # why a fault cannot go into a plain script, which reports nothing while it runs
 NOT_FOR_PLAIN = {
+    FaultKind.exception: "a plain script has no trainflow runtime to raise it",
     FaultKind.hang: "a plain script reports no progress, so hang detection is off for it",
     FaultKind.straggler: "a plain script reports no step times, so stragglers are off for it",
     FaultKind.storage_outage: "a plain script's ranks never use the checkpoint store",
@@ -124,6 +125,7 @@ def save_baseline(key: str, summary: dict) -> dict:
 
 # What each fault must show up as: the outcome of the attempt it breaks (None: no attempt fails).
 EXPECTED_OUTCOME = {
+    FaultKind.exception: "INFRA",  # a DistNetworkError
     FaultKind.crash: "CRASHED",
     FaultKind.kill: "KILLED",
     FaultKind.hang: "HUNG",
@@ -137,16 +139,28 @@ DETECTED_WITHOUT_FAILURE = {FaultKind.straggler: "STRAGGLER"}
 
 
 def drill_report(
-    plan: FaultPlan, summary: dict, baseline: dict, torchrun_restart_s: float | None, released: bool, every_steps: int
+    plan: FaultPlan,
+    summary: dict,
+    baseline: dict,
+    torchrun_restart_s: float | None,
+    released: bool,
+    every_steps: int,
+    in_process_restart: bool = False,
 ) -> dict:
-    """The drill's figures, from the faulted run's summary and the baseline, and its verdict."""
+    """The drill's figures, from the faulted run's summary and the baseline, and its verdict. With
+    `in_process_restart` an exception is recovered within the attempt: its figures are the
+    attempt's recovery in place (contracts/in_place.py)."""
     attempts = summary.get("attempts", [])
     fault = (summary.get("faults") or [{}])[0]
     injected_at = fault.get("injected_at")
     failed = attempts[0] if attempts and attempts[0]["outcome"] != "SUCCEEDED" else None
     retry = attempts[1] if len(attempts) > 1 else None
+    in_place = (attempts[0].get("in_place") or [None])[0] if attempts else None
     detected_kind, latency, detected_at_step = None, None, None
-    if failed is not None:
+    if in_place is not None:
+        detected_kind, detected_at_step = in_place["outcome"], in_place["failed_step"]
+        latency = None if injected_at is None else round(max(0.0, in_place["failed_at"] - injected_at), 3)
+    elif failed is not None:
         detected_kind = failed["outcome"]
         detected_at_step = failed.get("last_step")
         detected_at = failed["ended_at"] if failed.get("detected_at") is None else failed["detected_at"]
@@ -157,6 +171,11 @@ def drill_report(
         detected_at_step = first["step"]
         latency = None if injected_at is None else round(first["t"] - injected_at, 3)
     recovery = retry["recovery_s"] if retry else None
+    phases = retry.get("recovery_phases") if retry else None
+    lost, resumed = (failed["lost_steps"] if failed else 0), (retry["resumed_from_step"] if retry else None)
+    if in_place is not None:
+        recovery, phases = in_place["recovery_s"], in_place["phases"]
+        lost, resumed = in_place["lost_steps"], in_place["restored_step"]
     report = {
         "fault": plan.kind.value,
         "injected": bool(fault.get("injected")),
@@ -167,13 +186,16 @@ def drill_report(
         "detection_latency_s": latency,
         "detected_at_step": detected_at_step,
         "recovery_s": recovery,
-        "recovery_phases": retry.get("recovery_phases") if retry else None,
+        "recovery_phases": phases,
+        "in_place": in_process_restart,
+        "ranks_kept": in_place["ranks_kept"] if in_place else None,
+        "ranks_replaced": in_place["ranks_replaced"] if in_place else None,
         "torchrun_restart_s": None if torchrun_restart_s is None else round(torchrun_restart_s, 3),
         "recovery_vs_torchrun": (
             round(recovery / torchrun_restart_s, 2) if recovery is not None and torchrun_restart_s else None
         ),
-        "lost_steps": failed["lost_steps"] if failed else 0,
-        "resumed_from_step": retry["resumed_from_step"] if retry else None,
+        "lost_steps": lost,
+        "resumed_from_step": resumed,
         "attempts": len(attempts),
         "outcomes": [a["outcome"] for a in attempts],
         "world_sizes": [a.get("world_size") for a in attempts],
@@ -324,7 +346,9 @@ def broken_rules(plan: FaultPlan, report: dict, every_steps: int) -> list[str]:
     3. lost steps <= checkpoint.every_steps, plus the steps of a save in flight (0 for a preemption)
     4. the retry resumed from the newest checkpoint committed before the fault
     5. the final parameters equal the baseline's wherever the world size was kept
-    6. a lost node replaced later: the job shrank, then grew back to its size at a checkpoint, losing no step"""
+    6. a lost node replaced later: the job shrank, then grew back to its size at a checkpoint, losing no step
+    7. in-process restart: the exception was recovered in the attempt, every rank process kept, at
+       most one step lost"""
     broken = []
     if not report["injected"]:
         return ["the fault was never injected"]
@@ -337,6 +361,17 @@ def broken_rules(plan: FaultPlan, report: dict, every_steps: int) -> list[str]:
         broken.append("resources were left behind")
     expected = EXPECTED_OUTCOME[plan.kind]
     wanted = [expected, "SUCCEEDED"] if expected else ["SUCCEEDED"]
+    if report["in_place"] and plan.kind == FaultKind.exception:
+        wanted = ["SUCCEEDED"]
+        if report["ranks_kept"] is None:
+            broken.append("no recovery in place was recorded")
+        elif report["ranks_kept"] != report["world_sizes"][0] or report["ranks_replaced"]:
+            broken.append(
+                f"{report['ranks_kept']} rank process(es) kept and {report['ranks_replaced']} replaced, "
+                f"expected all {report['world_sizes'][0]} kept"
+            )
+        if report["lost_steps"] > 1:
+            broken.append(f"lost {report['lost_steps']} steps in place, more than 1")
     if plan.replaced_later:
         wanted = [expected, "RESIZED", "SUCCEEDED"]
         sizes = report["world_sizes"]
@@ -362,7 +397,14 @@ def broken_rules(plan: FaultPlan, report: dict, every_steps: int) -> list[str]:
         broken.append(f"lost {report['lost_steps']} steps, more than {limit}")
     newest = report.get("newest_checkpoint_before_fault")
     resumed = report["resumed_from_step"]
-    if expected and resumed is not None and newest is not None and resumed < newest and lost_limit_applies:
+    if (
+        expected
+        and not report["in_place"]
+        and resumed is not None
+        and newest is not None
+        and resumed < newest
+        and lost_limit_applies
+    ):
         broken.append(
             f"resumed from step {resumed}, older than the newest checkpoint committed before the fault (step {newest})"
         )

@@ -47,7 +47,7 @@ from trainflow.runtime.data import ResumableLoader, epochs_of
 from trainflow.runtime.ddp_buckets import BucketOrder
 from trainflow.runtime.error_report import report_uncaught_errors
 from trainflow.runtime.exit_deadline import end_within
-from trainflow.runtime.fault_gate import wait_for_fault
+from trainflow.runtime.fault_gate import raise_on_drill_signal, wait_for_fault
 from trainflow.runtime.group_sockets import note_group_sockets
 from trainflow.runtime.layout import ParallelLayout
 from trainflow.runtime.leave_groups import leave_process_groups
@@ -123,6 +123,8 @@ class Run:
         )
         self._comm = CommTimer()
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # stack dumps on demand, into the node log
+        if config.fault_gate:  # a drill's attempt: its exception fault
+            raise_on_drill_signal(self.rank, lambda: self.step)
         self._checkpointer = Checkpointer(
             config,
             open_storage(config.checkpoint_uri),
@@ -245,6 +247,8 @@ class Run:
             ended = time.perf_counter()
             elapsed = ended - began
             self._report_step(step, elapsed, self._comm.take(began, ended), samples_per_step)
+            if self._copies is not None:
+                in_place.first_step_done(self.reporter)
             if self._bucket_order is not None and self._bucket_order.recording:
                 self._bucket_order.stop_recording()
             checkpoint_due = step % self.config.every_steps == 0 or step == self.total_steps

@@ -4,13 +4,25 @@ rank goes on."""
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainflow.worker_config import gate_arrival_path, gate_signal_path
+from trainflow.worker_config import EXCEPTION_SIGNAL, gate_arrival_path, gate_signal_path
 
 FAULT_GATE_LIMIT_S = 120.0
+
+
+def raise_on_drill_signal(rank: int, step: Callable[[], int]) -> None:
+    """In a drill's attempt: EXCEPTION_SIGNAL makes this rank raise a DistNetworkError wherever its
+    main thread is (a collective in progress finishes first)."""
+    import torch.distributed as dist
+
+    def raise_error(signum, frame) -> None:
+        raise dist.DistNetworkError(f"drill: a network error injected into rank {rank} at step {step()}")
+
+    signal.signal(EXCEPTION_SIGNAL, raise_error)
 
 
 def wait_for_fault(gate: Path, rank: int, step: int, signalled: Callable[[], bool] = lambda: False) -> None:

@@ -63,6 +63,7 @@ class Carried:
     copies: MemoryCopies = field(default_factory=MemoryCopies)
     decisions: list[RoundDecision] = field(default_factory=list)
     pending: Pending | None = None
+    announce: dict | None = None  # the round's report, sent once the first step after it is done
 
 
 _carried: Carried | None = None
@@ -128,28 +129,27 @@ def recover(exc: BaseException) -> bool:
 
 
 def restore(run: Run) -> int:
-    """In restore(): load the copy the round chose into the script's new objects and report the
-    round; returns the step to go on after."""
+    """In restore(): load the copy the round chose into the script's new objects; returns the step
+    to go on after. The round is reported once the first step after it is done (`first_step_done`):
+    its recovery runs from the failure to that step, as a restart's does to its first step."""
     held = _carried
     assert held is not None and held.pending is not None and run._state is not None
     pending_round, held.pending = held.pending, None
     rejoined = time.perf_counter()
     restore_s = held.copies.restore(pending_round.decision.restored_step, run._state)
     decision = pending_round.decision
-    run.reporter.send(
-        wire.RestartedInPlace(
-            round=pending_round.round,
-            outcome=decision.outcome,
-            reason=decision.reason,
-            cause_rank=decision.cause_rank,
-            failed_step=decision.failed_step,
-            restored_step=decision.restored_step,
-            failed_at=pending_round.failed_at,
-            abort_s=pending_round.abort_s,
-            rejoin_s=max(0.0, rejoined - pending_round.began - pending_round.abort_s),
-            restore_s=restore_s,
-        )
-    )
+    held.announce = {
+        "round": pending_round.round,
+        "outcome": decision.outcome,
+        "reason": decision.reason,
+        "cause_rank": decision.cause_rank,
+        "failed_step": decision.failed_step,
+        "restored_step": decision.restored_step,
+        "failed_at": pending_round.failed_at,
+        "abort_s": pending_round.abort_s,
+        "rejoin_s": max(0.0, rejoined - pending_round.began - pending_round.abort_s),
+        "restore_s": restore_s,
+    }
     print(
         f"trainflow: rank {run.rank} back at step {decision.restored_step} from its memory copy "
         f"(round {pending_round.round}, {time.perf_counter() - pending_round.began:.2f}s after the failure)",
@@ -157,6 +157,14 @@ def restore(run: Run) -> int:
         flush=True,
     )
     return decision.restored_step
+
+
+def first_step_done(reporter: Any) -> None:
+    """After a step: report the round this run of the script recovered from, if it has not been."""
+    held = _carried
+    if held is not None and held.announce is not None:
+        reporter.send(wire.RestartedInPlace(**held.announce))
+        held.announce = None
 
 
 def _agree(store: Any, round_: int, run: Run, mine: Report) -> RoundDecision:
