@@ -14,10 +14,12 @@ pytestmark = pytest.mark.integration
 SPEC = "examples/digits/spec.yaml"
 
 
-def raising(tmp_path, error: str, *overrides: str, at_step: int = 12) -> list[str]:
-    """The `trainflow run` arguments of a 2 x 2 job whose rank 1 raises `error` at `at_step` once (0: never)."""
+def raising(tmp_path, error: str, *overrides: str, at_steps: tuple[int, ...] = (12,)) -> list[str]:
+    """The `trainflow run` arguments of a 2 x 2 job whose rank 1 raises `error` once at each of
+    `at_steps` (0: never)."""
     marker, pids = tmp_path / "raised", tmp_path / "pids"
-    args = f"[--raise-at-step, '{at_step}', --error, {error}, --marker, {marker}, --pids, {pids}]"
+    steps = ", ".join(f"--raise-at-step, '{step}'" for step in at_steps)
+    args = f"[{steps}, --error, {error}, --marker, {marker}, --pids, {pids}]"
     sets = [
         "workload.entrypoint=tests/integration/workloads/raise_once.py",
         f"workload.args={args}",
@@ -34,7 +36,7 @@ def pids_of(tmp_path) -> dict[str, list[int]]:
 
 
 def test_an_exception_is_recovered_in_place_with_every_rank_process_kept(cli_env, tmp_path):
-    baseline = run_cli(raising(tmp_path / "baseline", "DistNetworkError", at_step=0), cli_env)
+    baseline = run_cli(raising(tmp_path / "baseline", "DistNetworkError", at_steps=(0,)), cli_env)
     assert baseline.returncode == 0, baseline.stderr[-4000:]
     result = run_cli(
         raising(
@@ -81,4 +83,27 @@ def test_an_exception_that_is_not_retried_ends_the_attempt_with_the_scripts_own_
     assert "rank 1 raised ValueError at step 12: injected at step 12" in attempt["reason"]
     assert attempt["in_place"] == []
     assert all(len(runs) == 1 for runs in pids_of(tmp_path).values())
+    assert job_processes(summary["run_id"]) == []
+
+
+def test_recoveries_in_place_spend_the_retry_budget_and_the_next_failure_ends_the_run(cli_env, tmp_path):
+    # max_infra_failures=2: the first two errors are recovered in place, each at its own step in a
+    # round of its own; the third finds the budget spent, ends the attempt, and the run is not retried
+    result = run_cli(
+        raising(
+            tmp_path,
+            "DistNetworkError",
+            "fault_tolerance.in_process_restart=true",
+            "fault_tolerance.max_infra_failures=2",
+            at_steps=(8, 16, 24),
+        ),
+        cli_env,
+    )
+    assert result.returncode == 1, result.stderr[-4000:]
+    summary = summary_of(result)
+    (attempt,) = summary["attempts"]
+    assert attempt["outcome"] == "INFRA" and "DistNetworkError at step 24" in attempt["reason"]
+    assert [(r["round"], r["failed_step"]) for r in attempt["in_place"]] == [(1, 8), (2, 16)]
+    assert summary["reason"].startswith("infrastructure budget spent (2)")
+    assert all(len(set(runs)) == 1 and len(runs) == 3 for runs in pids_of(tmp_path).values())
     assert job_processes(summary["run_id"]) == []

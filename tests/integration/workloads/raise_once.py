@@ -1,5 +1,5 @@
-"""Test workload: trains like any other, but the first time rank --rank reaches --raise-at-step it
-raises --error (a marker file remembers that it did). Each time the script starts in a rank's
+"""Test workload: trains like any other, but the first time rank --rank reaches each --raise-at-step
+it raises --error (a marker file per step remembers that it did). Each time the script starts in a rank's
 process it adds that process's pid to --pids/rank-R, so a test tells a rank that went on in its
 own process from one started anew."""
 
@@ -17,7 +17,7 @@ ERRORS = {"DistNetworkError": dist.DistNetworkError, "ValueError": ValueError}
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--raise-at-step", type=int, required=True)
+    parser.add_argument("--raise-at-step", type=int, action="append", required=True)
     parser.add_argument("--rank", type=int, default=1)
     parser.add_argument("--error", choices=sorted(ERRORS), default="DistNetworkError")
     parser.add_argument("--marker", type=Path, required=True)
@@ -28,8 +28,9 @@ def main() -> None:
         record.write(f"{os.getpid()}\n")
 
     def after_step(run, model, step: int) -> None:
-        if step == args.raise_at_step and run.rank == args.rank and not args.marker.exists():
-            args.marker.touch()
+        marker = args.marker.with_name(f"{args.marker.name}-{step}")
+        if step in args.raise_at_step and run.rank == args.rank and not marker.exists():
+            marker.touch()
             raise ERRORS[args.error](f"injected at step {step}")
 
     train(after_step)
