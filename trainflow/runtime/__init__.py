@@ -180,6 +180,11 @@ class Run:
         if resuming is not None:  # the same attempt goes on from this rank's memory copy
             self.step = in_place.restore(self)
             self._bucket_order.apply(self._control.group)
+            if 0 < self.step < self.total_steps and self.step % self.config.every_steps == 0:
+                # that step's save may have been in flight when the groups were broken off: save it
+                # again (a commit that landed before is kept as it is, see runtime/publish.py)
+                self.checkpoint()
+                self._saved_step = self.step
             return self.step
         # this run's node-local copies first, then the orchestrator's choice and older ones, each
         # verified; a candidate that fails is skipped with its reason (see runtime/restore.py)
