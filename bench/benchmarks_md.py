@@ -41,6 +41,7 @@ def markdown(results: dict) -> str:
         f"| steps/s with a checkpoint every 50 steps | | {tax['trainflow_with_checkpoints']['steps_per_s']:.1f} | "
         f"{tax['throughput_ratio_with_checkpoints']:.3f} (rounds: "
         f"{', '.join(f'{r:.3f}' for r in tax['throughput_ratio_with_checkpoints_per_round'])}) |",
+        *memory_copies_row(tax),
         "",
         "The first trainflow row checkpoints only at the last step, so it measures the orchestration itself "
         "(heartbeats, progress reports, control points); the last row adds the reference spec's checkpoint "
@@ -62,12 +63,13 @@ def markdown(results: dict) -> str:
         if "error" in report:
             lines.append(f"| {kind} | error: {report['error'][:80]} | | | | | | |")
             continue
-        ratio = f"{report['recovery_s'] / drills_restart_s(results):.1f}x" if report["recovery_s"] is not None else "–"
+        ratio = f"{report['recovery_s'] / drills_restart_s(results):.2f}x" if report["recovery_s"] is not None else "–"
         lines.append(
             f"| {kind} | {report['detected_kind']} | {report['detection_latency_s']} | {report['recovery_s']} | "
             f"{ratio} | {report['lost_steps']} | {report['params_match_baseline']} | {report['resources_released']} |"
         )
     lines += grow_back_lines(results["drills"])
+    lines += in_place_lines(results["drills"], drills_restart_s(results))
     lines += recovery_table(results)
     lines += ["", "## Checkpoints" + (f" (measured {ck['measured_at']})" if "measured_at" in ck else ""), ""]
     if "error" in ck:
@@ -91,6 +93,40 @@ def grow_back_lines(drills: dict) -> list[str]:
         f"losing {report['resize_lost_steps']} step(s), and the grown attempt's first step comes "
         f"{report['resize_recovery_s']} s after the stop (an emergency checkpoint, a new launch, a resharded "
         f"restore).",
+    ]
+
+
+def memory_copies_row(tax: dict) -> list[str]:
+    """In-process restart's memory copies on, against trainflow without them in the same rounds."""
+    if "memory_copies_ratio" not in tax:
+        return []
+    return [
+        f"| steps/s with in-process restart's memory copies (`fault_tolerance.in_process_restart`) | | "
+        f"{tax['trainflow_with_memory_copies']['steps_per_s']:.1f} | {tax['memory_copies_ratio']:.3f} of trainflow "
+        f"without them, target ≥ 0.98 (rounds: {', '.join(f'{r:.3f}' for r in tax['memory_copies_ratio_per_round'])}); "
+        f"{tax['throughput_ratio_with_memory_copies']:.3f} of bare torchrun |"
+    ]
+
+
+def in_place_lines(drills: dict, restart_s: float) -> list[str]:
+    """The exception drill recovered in place, beside the same drill's full restart."""
+    report, restarted = drills.get("exception-in-place"), drills.get("exception")
+    if not report or "error" in report or report.get("recovery_s") is None:
+        return []
+    phases = report.get("recovery_phases") or {}
+    against = (
+        f" (the same exception by a full restart: {restarted['recovery_s']:.2f} s)"
+        if restarted and restarted.get("recovery_s") is not None
+        else ""
+    )
+    return [
+        "",
+        f"exception-in-place: with `fault_tolerance.in_process_restart` the same exception is recovered within "
+        f"the attempt in {report['recovery_s']:.3f} s, {report['recovery_s'] / restart_s:.2f}x torchrun's own restart"
+        f"{against}: {report['ranks_kept']} rank process(es) kept, {report['ranks_replaced']} replaced, "
+        f"{report['lost_steps']} step(s) lost; phases (slowest rank): abort {phases.get('abort_s', 0):.3f} s, rejoin "
+        f"(the round, the new group, the script run again) {phases.get('rejoin_s', 0):.3f} s, restore from memory "
+        f"{phases.get('restore_s', 0):.3f} s, then the first step.",
     ]
 
 
@@ -139,9 +175,11 @@ def recovery_table(results: dict) -> list[str]:
         phases = report.get("recovery_phases")
         if "error" in report or report.get("recovery_s") is None or not phases:
             continue
+        if not any(name in phases for name in RECOVERY_PHASES):  # a recovery in place: its own line above
+            continue
         cells = " | ".join("–" if phases.get(name) is None else f"{phases[name]:.2f}" for name in RECOVERY_PHASES)
         lines.append(
-            f"| {kind} | {report['recovery_s']:.2f} | {restart:.2f} | {report['recovery_s'] / restart:.1f}x | {cells} |"
+            f"| {kind} | {report['recovery_s']:.2f} | {restart:.2f} | {report['recovery_s'] / restart:.2f}x | {cells} |"
         )
     return lines
 

@@ -40,7 +40,20 @@ from trainflow.drills.servers import ServerError, stop_server, wait_http
 
 SPEC = "examples/digits/spec.yaml"
 EXTRA: list[str] = []  # extra --set overrides for the throughput run
-DRILLS = ["crash", "kill", "hang", "preempt", "node-loss", "straggler", "corrupt-checkpoint", "storage-outage"]
+DRILLS = [
+    "exception",
+    "crash",
+    "kill",
+    "hang",
+    "preempt",
+    "node-loss",
+    "straggler",
+    "corrupt-checkpoint",
+    "storage-outage",
+]
+# the same exception, recovered within the attempt from every rank's memory copy
+IN_PLACE = "exception-in-place"
+IN_PLACE_FLAGS = ["--set", "fault_tolerance.in_process_restart=true"]
 # a node lost for good (the job shrinks, resuming from buddy copies), then its replacement (it grows back)
 GROW_BACK = "node-loss-replaced-later"
 GROW_BACK_FLAGS = ["--permanent", "--replaced-later", "--set", "resources.min_nodes=1"]
@@ -120,11 +133,19 @@ def orchestration(home: Path, env: dict) -> dict:
     each figure is the median of its rounds. Under trainflow first the orchestration alone
     (heartbeats, progress, control points; one checkpoint at the end), then with the reference
     spec's checkpoint interval on top, whose cost the checkpoint figures break down."""
-    runs: dict[str, list[dict]] = {"bare": [], "trainflow": [], "trainflow_with_checkpoints": []}
+    runs: dict[str, list[dict]] = {
+        "bare": [],
+        "trainflow": [],
+        "trainflow_with_checkpoints": [],
+        "trainflow_with_memory_copies": [],
+    }
+    last_only = ["--set", f"checkpoint.every_steps={STEPS}"]
     for _ in range(ROUNDS):
         runs["bare"].append(bare_torchrun(home))
-        runs["trainflow"].append(under_trainflow(env, ["--set", f"checkpoint.every_steps={STEPS}"]))
+        runs["trainflow"].append(under_trainflow(env, last_only))
         runs["trainflow_with_checkpoints"].append(under_trainflow(env))
+        # in-process restart's in-memory copies at their default cadence, nothing else changed
+        runs["trainflow_with_memory_copies"].append(under_trainflow(env, [*last_only, *IN_PLACE_FLAGS]))
     return summarize_orchestration(runs)
 
 
@@ -138,19 +159,26 @@ def summarize_orchestration(runs: dict[str, list[dict]]) -> dict:
     def ratios(kind: str) -> list[float]:
         return [round(ours["steps_per_s"] / plain["steps_per_s"], 4) for plain, ours in zip(runs["bare"], runs[kind])]
 
+    copies = [
+        round(ours["steps_per_s"] / plain["steps_per_s"], 4)
+        for plain, ours in zip(runs["trainflow"], runs["trainflow_with_memory_copies"])
+    ]
     return {
         **figures,
         "rounds": runs,
+        "memory_copies_ratio": statistics.median(copies),  # against trainflow without them
+        "memory_copies_ratio_per_round": copies,
         "throughput_ratio": statistics.median(ratios("trainflow")),
         "throughput_ratio_with_checkpoints": statistics.median(ratios("trainflow_with_checkpoints")),
         "throughput_ratio_per_round": ratios("trainflow"),
         "throughput_ratio_with_checkpoints_per_round": ratios("trainflow_with_checkpoints"),
+        "throughput_ratio_with_memory_copies": statistics.median(ratios("trainflow_with_memory_copies")),
     }
 
 
 def drills(env: dict) -> dict:
     reports = {}
-    for kind in [*DRILLS, GROW_BACK]:
+    for kind in [*DRILLS, IN_PLACE, GROW_BACK]:
         extra = {
             # training must outlast the outage: at ~2 ms steps, 80 steps end inside it and the last
             # step's commit fails with the store (INFRA), where the drill expects it ridden through
@@ -167,8 +195,9 @@ def drills(env: dict) -> dict:
             # a straggler needs steps left to straggle through after the injection starts
             "straggler": ["--set", "workload.steps=600", "--set", "checkpoint.every_steps=100", "--duration", "6"],
             GROW_BACK: GROW_BACK_FLAGS,
+            IN_PLACE: IN_PLACE_FLAGS,
         }.get(kind, [])
-        fault = "node-loss" if kind == GROW_BACK else kind
+        fault = {GROW_BACK: "node-loss", IN_PLACE: "exception"}.get(kind, kind)
         try:
             report = last_json(["drill", SPEC, "--fault", fault, "--at-step", "30", *DRILL_JOB, *extra, "--json"], env)
         except (RuntimeError, subprocess.SubprocessError, ValueError) as exc:
@@ -193,6 +222,8 @@ def drills(env: dict) -> dict:
                 "world_sizes",
                 "resize_lost_steps",
                 "resize_recovery_s",
+                "ranks_kept",
+                "ranks_replaced",
             )
             if k in report
         }
