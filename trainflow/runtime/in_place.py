@@ -175,7 +175,7 @@ def _agree(store: Any, round_: int, run: Run, mine: Report) -> RoundDecision:
     try:
         store.set(f"{key}/report/{run.rank}", json.dumps(mine.as_dict()))
         if run.rank == 0:
-            decision = _decide(store, key, run, wait)
+            decision = decide_for_all(store, key, run.world_size, run.config.in_place_budget, _carried.decisions, wait)
             store.set(f"{key}/decision", json.dumps(decision.as_dict()))
             return decision
         store.wait([f"{key}/decision"], wait + wait)  # rank 0 waits for the reports first
@@ -184,8 +184,11 @@ def _agree(store: Any, round_: int, run: Run, mine: Report) -> RoundDecision:
         return RoundDecision.no_go(f"the round could not be agreed on: {type(exc).__name__}: {str(exc)[:200]}")
 
 
-def _decide(store: Any, key: str, run: Run, wait: timedelta) -> RoundDecision:
-    names = [f"{key}/report/{r}" for r in range(run.world_size)]
+def decide_for_all(
+    store: Any, key: str, world_size: int, budget: dict[str, int], earlier: list[RoundDecision], wait: timedelta
+) -> RoundDecision:
+    """Rank 0: wait for every rank's report under `key`, read them in one request, decide."""
+    names = [f"{key}/report/{r}" for r in range(world_size)]
     try:
         store.wait(names, wait)
     except (RuntimeError, ValueError) as exc:
@@ -193,7 +196,7 @@ def _decide(store: Any, key: str, run: Run, wait: timedelta) -> RoundDecision:
         shown = ", ".join(str(r) for r in missing[:10]) + (" ..." if len(missing) > 10 else "")
         return RoundDecision.no_go(f"rank(s) {shown} did not report within {wait.total_seconds():g}s ({exc})")
     reports = [Report.from_dict(json.loads(value)) for value in store.multi_get(names)]
-    return decide_round(reports, run.config.in_place_budget, _carried.decisions)
+    return decide_round(reports, budget, earlier)
 
 
 def _line(exc: BaseException) -> str:
