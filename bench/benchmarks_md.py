@@ -124,7 +124,9 @@ def in_place_lines(drills: dict, restart_s: float) -> list[str]:
         f"exception-in-place: with `fault_tolerance.in_process_restart` the same exception is recovered within "
         f"the attempt in {report['recovery_s']:.3f} s, {report['recovery_s'] / restart_s:.2f}x torchrun's own restart"
         f"{against}: {report['ranks_kept']} rank process(es) kept, {report['ranks_replaced']} replaced, "
-        f"{report['lost_steps']} step(s) lost; phases (slowest rank): abort {phases.get('abort_s', 0):.3f} s, rejoin "
+        f"{report['lost_steps']} step(s) lost (copies every {report.get('memory_copy_every_steps')} step(s), "
+        "as often as 2% of the step time allows); phases (slowest rank): "
+        f"abort {phases.get('abort_s', 0):.3f} s, rejoin "
         f"(the round, the new group, the script run again) {phases.get('rejoin_s', 0):.3f} s, restore from memory "
         f"{phases.get('restore_s', 0):.3f} s, then the first step.",
     ]

@@ -224,6 +224,7 @@ def drills(env: dict) -> dict:
                 "resize_recovery_s",
                 "ranks_kept",
                 "ranks_replaced",
+                "memory_copy_every_steps",
             )
             if k in report
         }

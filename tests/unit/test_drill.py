@@ -399,7 +399,7 @@ def test_an_exception_recovered_in_place_reports_its_round_and_passes():
     "run, broken",
     [
         (recovered_in_place(kept=1), "1 rank process(es) kept and 0 replaced, expected all 2 kept"),
-        (recovered_in_place(restored=60), "lost 9 steps in place, more than 1"),
+        (recovered_in_place(restored=60), "lost 9 steps in place, more than the copies' interval (1)"),
         (summary([attempt(1, "INFRA", 70, 0), attempt(2, "SUCCEEDED", 200, 70)]), "no recovery in place was recorded"),
     ],
 )

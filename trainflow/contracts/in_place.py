@@ -20,6 +20,7 @@ class InPlaceRestart:
     resumed_at: float  # every rank had its state back and trained a step (the slowest rank's report)
     ranks_kept: int  # rank processes that went on
     ranks_replaced: int = 0  # rank processes started anew
+    copy_every_steps: int = 1  # the memory copies' cadence when it failed
     phases: dict[str, float] = field(default_factory=dict)  # abort_s, rejoin_s, restore_s: slowest rank's
 
     @property

@@ -189,6 +189,7 @@ class RestartedInPlace:
     abort_s: float  # this rank's: leaving the step and tearing its process groups down
     rejoin_s: float  # agreeing on the round and forming the new group (with the script's re-run)
     restore_s: float  # loading the in-memory copy
+    copy_every_steps: int = 1  # the memory copies' cadence then: the steps a failure may cost
     t: float = field(default_factory=_now)
 
 

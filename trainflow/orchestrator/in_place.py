@@ -24,6 +24,7 @@ def in_place_restarts(rounds: dict[int, list[tuple[int, RestartedInPlace]]]) -> 
                 failed_at=min(m.failed_at for m in messages),
                 resumed_at=max(m.t for m in messages),
                 ranks_kept=len({rank for rank, _ in reports}),
+                copy_every_steps=first.copy_every_steps,
                 phases={
                     "abort_s": max(m.abort_s for m in messages),
                     "rejoin_s": max(m.rejoin_s for m in messages),

@@ -264,7 +264,10 @@ class Run:
                 self.checkpoint()
                 self._saved_step = step
             if self._copies is not None and self._state is not None and self._control.memory_copy_due(step):
-                self._control.memory_copy_took(self._copies.take(step, self._state))
+                took = self._copies.take(step, self._state)
+                self._control.memory_copy_took(took)
+                if self.is_main:  # reported with the next step: what a copy costs, how often one is made
+                    self._metrics.update(memory_copy_s=took, memory_copy_every_steps=self._control.memory_every)
             if step == self.config.pause_at_step:
                 self._flush_progress()
                 wait_for_fault(

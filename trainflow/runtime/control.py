@@ -50,6 +50,11 @@ class ControlPlane:
         if self.preempt_requested_at is None:
             self.preempt_requested_at = time.time()
 
+    @property
+    def memory_every(self) -> int:
+        """The in-memory copies' cadence in steps (the same on every rank)."""
+        return self._memory_every
+
     def memory_copy_due(self, step: int) -> bool:
         return self._copies_on and step % self._memory_every == 0
 

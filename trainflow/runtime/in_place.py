@@ -52,6 +52,7 @@ class Pending:
     failed_at: float
     abort_s: float
     began: float  # perf_counter at the failure
+    copy_every: int  # the memory copies' cadence when it failed
 
 
 @dataclass
@@ -119,12 +120,13 @@ def recover(exc: BaseException) -> bool:
     mine = Report(
         rank=run.rank, type=type(exc).__name__, message=line, step=run.step, copies=held.copies.steps, t=failed_at
     )
+    copy_every = run._control.memory_every
     decision = _agree(held.store, round_, run, mine)
     if not decision.go:
         print(f"trainflow: no recovery in place: {decision.reason}", file=sys.stderr, flush=True)
         return False
     held.decisions.append(decision)
-    held.pending = Pending(round_, decision, failed_at, abort_s, began)
+    held.pending = Pending(round_, decision, failed_at, abort_s, began, copy_every)
     return True
 
 
@@ -149,6 +151,7 @@ def restore(run: Run) -> int:
         "abort_s": pending_round.abort_s,
         "rejoin_s": max(0.0, rejoined - pending_round.began - pending_round.abort_s),
         "restore_s": restore_s,
+        "copy_every_steps": pending_round.copy_every,
     }
     print(
         f"trainflow: rank {run.rank} back at step {decision.restored_step} from its memory copy "
