@@ -36,7 +36,9 @@ SOAK_KINDS = (
 )
 SOAK_EXPECTED = {**EXPECTED_OUTCOME, FaultKind.storage_outage: "INFRA"}
 NEVER_SOAKED = {
-    FaultKind.straggler: "training goes on under it, no attempt ends; `trainflow drill --fault straggler` scores it"
+    FaultKind.straggler: "training goes on under it, no attempt ends; `trainflow drill --fault straggler` scores it",
+    FaultKind.exception: "with fault_tolerance.in_process_restart no attempt ends; `trainflow drill --fault "
+    "exception` scores it",
 }
 OUTAGE_PAST_HANG_S = 15.0  # a storage outage outlasts the hang timeout by this much: it must end the attempt
 
