@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ddp_layout  # bench/, beside this module
 import fsdp_tp_tax
+import in_place_round
 import reference_goodput
 import scale_bench
 import scale_jobs
@@ -14,7 +15,16 @@ from trainflow.contracts.recovery import PHASES as RECOVERY_PHASES
 STEPS = 2000  # the orchestration tax's run length
 ROUNDS = 5  # and its interleaved rounds
 FIRST_PARTS = ("orchestration", "drills", "checkpoint")
-PARTS = (*FIRST_PARTS, "reference_goodput", "soak", "fsdp_tp", "ddp_layout", "scale", "scale_jobs")
+PARTS = (
+    *FIRST_PARTS,
+    "reference_goodput",
+    "soak",
+    "fsdp_tp",
+    "ddp_layout",
+    "scale",
+    "scale_jobs",
+    "in_place_round",
+)
 
 
 def markdown(results: dict) -> str:
@@ -216,6 +226,8 @@ def render(results: dict) -> str:
         extra += scale_bench.markdown(results["scale"])
     if "scale_jobs" in results:
         extra += scale_jobs.markdown(results["scale_jobs"])
+    if "in_place_round" in results:
+        extra += in_place_round.markdown(results["in_place_round"])
     commands = [
         "Commands: `make bench` (everything), `python bench/run_benchmarks.py --only soak,fsdp_tp` (some "
         f"parts of {', '.join(PARTS)}; the others' figures are kept), `trainflow drill SPEC --fault KIND "

@@ -9,6 +9,7 @@ machine. Writes bench/results.json and BENCHMARKS.md; every figure in them comes
 - soak: >= 30 faults of every kind with the CPU loaded (bench/soak_bench.py)
 - the FSDP2 + TP example's orchestration tax (bench/fsdp_tp_tax.py)
 - real jobs of 32 and 64 ranks: start-up, throughput, a crash's recovery, exact resume, memory (bench/scale_jobs.py)
+- in-process restart's round at 1,024 to 16,384 ranks against a real store (bench/in_place_round.py)
 
     python bench/run_benchmarks.py                      # every part
     python bench/run_benchmarks.py --only soak,fsdp_tp  # these parts; the others' figures are kept
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import ddp_layout  # bench/, beside this script
 import fsdp_tp_tax
+import in_place_round
 import reference_goodput
 import scale_bench
 import scale_jobs
@@ -314,6 +316,7 @@ def main(parts: list[str]) -> None:
                 "ddp_layout": ddp_layout.ddp_layout,
                 "scale": lambda: scale_bench.scale(env),
                 "scale_jobs": lambda: scale_jobs.scale_jobs(env),
+                "in_place_round": in_place_round.in_place_round,
             }
             for part in parts:
                 earlier = results.get(part)

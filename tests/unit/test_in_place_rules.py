@@ -19,14 +19,21 @@ def report(rank: int, type_: str = "RuntimeError", message: str = PEER_GONE, ste
     return Report(rank=rank, type=type_, message=message, step=step, copies=kw.pop("copies", [11, 12]), **kw)
 
 
-def reports() -> list[Report]:
-    # rank 1 raised after step 12's update; its peers were in step 13's all-reduce
-    return [report(0, t=2.0), report(1, "DistNetworkError", "link down", 12, copies=[10, 11], t=1.5), report(2, t=1.9)]
+CAUSE = report(1, "DistNetworkError", "link down", 12, copies=[10, 11], t=1.5)
+SYMPTOM = report(0, t=2.0)
+# rank 1 raised after step 12's update; its two peers were in step 13's all-reduce
+HOLDING = {11: 3, 12: 2}
 
 
-def test_the_cause_is_the_rank_whose_error_is_not_a_peers_going_away():
-    decision = decide_round(reports(), {"INFRA": 3}, [])
-    assert decision == RoundDecision(
+def round_decision(causes=(CAUSE,), symptom=SYMPTOM, holding=None, budget=None, earlier=()) -> RoundDecision:
+    return decide_round(
+        list(causes), symptom, HOLDING if holding is None else holding, 3, budget or {"INFRA": 3}, list(earlier)
+    )
+
+
+def test_the_cause_is_the_earliest_rank_whose_error_is_not_a_peers_going_away():
+    later = report(2, "DistStoreError", "store gone", 13, t=1.8)
+    assert round_decision(causes=(later, CAUSE)) == RoundDecision(
         go=True,
         reason="rank 1 raised DistNetworkError at step 12: link down",
         outcome="INFRA",
@@ -37,32 +44,29 @@ def test_the_cause_is_the_rank_whose_error_is_not_a_peers_going_away():
 
 
 def test_an_outcome_the_spec_does_not_retry_or_whose_budget_is_spent_ends_the_attempt():
-    user = [report(0, t=2.0), report(1, "ValueError", "bad batch", 12, t=1.0)]
-    assert (
-        decide_round(user, {"INFRA": 3}, []).reason
-        == "USER_ERROR is not retried: rank 1 raised ValueError at step 12: bad batch"
-    )
-    spent = decide_round(reports(), {"INFRA": 1}, [RoundDecision(True, "earlier", "INFRA", 1, 5, 4)])
+    user = report(1, "ValueError", "bad batch", 12, t=1.0)
+    not_retried = round_decision(causes=(user,))
+    assert not_retried.reason == "USER_ERROR is not retried: rank 1 raised ValueError at step 12: bad batch"
+    spent = round_decision(budget={"INFRA": 1}, earlier=[RoundDecision(True, "earlier", "INFRA", 1, 5, 4)])
     assert not spent.go and spent.reason.startswith("INFRA has no retry left in its budget")
-    assert decide_round(reports(), {"INFRA": 0}, []).go is False
+    assert round_decision(budget={"INFRA": 0}).go is False
 
 
 def test_the_same_failure_at_the_same_step_from_the_same_copy_twice_is_a_crash_loop():
-    first = decide_round(reports(), {"INFRA": 5}, [])
-    again = decide_round(reports(), {"INFRA": 5}, [first])
+    again = round_decision(earlier=[round_decision()])
     assert not again.go and again.reason.startswith("crash loop: INFRA twice at step 12")
 
 
-def test_a_rank_without_the_common_copy_ends_the_attempt():
-    lagging = [*reports()[:2], report(2, copies=[], t=1.9)]
-    assert decide_round(lagging, {"INFRA": 3}, []).reason.startswith("rank(s) without an in-memory copy yet")
-    apart = [report(0, copies=[14, 15], t=2.0), report(1, "DistNetworkError", "x", 12, copies=[10, 11], t=1.0)]
-    assert decide_round(apart, {"INFRA": 3}, []).reason.startswith("no in-memory copy of step 11 on rank(s) [0]")
+def test_without_a_copy_every_rank_holds_the_attempt_ends():
+    apart = round_decision(holding={14: 1, 15: 1})
+    assert apart.reason.startswith("no in-memory copy that all 3 ranks hold (step 14 by 1, step 15 by 1)")
+    assert round_decision(holding={}).reason.startswith("no in-memory copy that all 3 ranks hold (none)")
 
 
-def test_only_symptoms_name_the_earliest_as_the_cause():
-    decision = decide_round([report(0, t=2.0), report(1, t=1.0)], {"USER_ERROR": 1}, [])
-    assert (decision.go, decision.cause_rank, decision.outcome) == (True, 1, "USER_ERROR")
+def test_only_symptoms_name_the_first_as_the_cause_and_nothing_reported_is_no_go():
+    decision = round_decision(causes=(), symptom=report(2, t=1.0), budget={"USER_ERROR": 1})
+    assert (decision.go, decision.cause_rank, decision.outcome) == (True, 2, "USER_ERROR")
+    assert round_decision(causes=(), symptom=None).reason == "no rank reported what failed"
 
 
 def result(outcome: Outcome, in_place: list[InPlaceRestart] | None = None) -> AttemptResult:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from trainflow.contracts import status_protocol as wire
+from trainflow.contracts.exceptions import is_peer_failure_message
 from trainflow.runtime.group_sockets import break_off_groups
 from trainflow.runtime.in_place_rules import Report, RoundDecision, decide_round
 from trainflow.runtime.memory_copy import MemoryCopies
@@ -171,14 +172,16 @@ def first_step_done(reporter: Any) -> None:
 
 
 def _agree(store: Any, round_: int, run: Run, mine: Report) -> RoundDecision:
-    """Every rank reports; rank 0 reads them all and decides; the others read its decision. Each
-    rank touches the store a constant number of times, rank 0 once per rank."""
+    """Every rank reports; rank 0 waits for all, reads what decides and decides; the others read its
+    decision. Every rank, rank 0 too, makes a constant number of store requests."""
     key = f"{ROUND_KEY}/{round_}"
     wait = timedelta(seconds=run.config.collective_timeout_s)
     try:
-        store.set(f"{key}/report/{run.rank}", json.dumps(mine.as_dict()))
+        report_to_round(store, key, mine, run.world_size)
         if run.rank == 0:
-            decision = decide_for_all(store, key, run.world_size, run.config.in_place_budget, _carried.decisions, wait)
+            decision = decide_for_all(
+                store, key, run.world_size, mine.copies, run.config.in_place_budget, _carried.decisions, wait
+            )
             store.set(f"{key}/decision", json.dumps(decision.as_dict()))
             return decision
         store.wait([f"{key}/decision"], wait + wait)  # rank 0 waits for the reports first
@@ -187,19 +190,46 @@ def _agree(store: Any, round_: int, run: Run, mine: Report) -> RoundDecision:
         return RoundDecision.no_go(f"the round could not be agreed on: {type(exc).__name__}: {str(exc)[:200]}")
 
 
+def report_to_round(store: Any, key: str, mine: Report, world_size: int) -> None:
+    """One rank's word, folded where it can be: a count of the ranks holding each copy, the first of
+    the symptoms (a peer's going away); a cause is written whole. Its arrival goes last: the last
+    rank to arrive says that all have."""
+    for step in mine.copies:
+        store.add(f"{key}/holding/{step}", 1)
+    if is_peer_failure_message(mine.message):
+        if store.add(f"{key}/symptoms", 1) == 1:
+            store.set(f"{key}/first-symptom", json.dumps(mine.as_dict()))
+    else:
+        store.set(f"{key}/cause/{store.add(f'{key}/causes', 1)}", json.dumps(mine.as_dict()))
+    store.set(f"{key}/arrived/{mine.rank}", "1")  # read only to name the ranks missing
+    if store.add(f"{key}/arrived", 1) == world_size:
+        store.set(f"{key}/all-arrived", "1")
+
+
 def decide_for_all(
-    store: Any, key: str, world_size: int, budget: dict[str, int], earlier: list[RoundDecision], wait: timedelta
+    store: Any,
+    key: str,
+    world_size: int,
+    own_copies: list[int],
+    budget: dict[str, int],
+    earlier: list[RoundDecision],
+    wait: timedelta,
 ) -> RoundDecision:
-    """Rank 0: wait for every rank's report under `key`, read them in one request, decide."""
-    names = [f"{key}/report/{r}" for r in range(world_size)]
+    """Rank 0: wait until every rank has reported under `key`, read the causes and the counts of the
+    copies rank 0 holds (a step every rank holds is one of them), decide."""
     try:
-        store.wait(names, wait)
+        store.wait([f"{key}/all-arrived"], wait)
     except (RuntimeError, ValueError) as exc:
-        missing = [r for r, name in enumerate(names) if not store.check([name])]
+        missing = [r for r in range(world_size) if not store.check([f"{key}/arrived/{r}"])]
         shown = ", ".join(str(r) for r in missing[:10]) + (" ..." if len(missing) > 10 else "")
         return RoundDecision.no_go(f"rank(s) {shown} did not report within {wait.total_seconds():g}s ({exc})")
-    reports = [Report.from_dict(json.loads(value)) for value in store.multi_get(names)]
-    return decide_round(reports, budget, earlier)
+    count = int(store.add(f"{key}/causes", 0))
+    causes = [f"{key}/cause/{i}" for i in range(1, count + 1)]
+    reports = [Report.from_dict(json.loads(value)) for value in (store.multi_get(causes) if causes else [])]
+    symptom = f"{key}/first-symptom"
+    first_symptom = Report.from_dict(json.loads(store.get(symptom))) if store.check([symptom]) else None
+    holding = {step: int(store.add(f"{key}/holding/{step}", 0)) for step in own_copies}
+    return decide_round(reports, first_symptom, holding, world_size, budget, earlier)
 
 
 def _line(exc: BaseException) -> str:

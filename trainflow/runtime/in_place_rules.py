@@ -1,11 +1,11 @@
 """Whether a round of in-process restart goes ahead: the orchestrator's rules, applied by rank 0 to
-what every rank reported (runtime/in_place.py). Pure: the same reports give the same decision."""
+what the ranks reported (runtime/in_place.py). Pure: the same reports give the same decision."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from trainflow.contracts.exceptions import exception_outcome, is_peer_failure_message
+from trainflow.contracts.exceptions import exception_outcome
 
 
 @dataclass(frozen=True)
@@ -48,10 +48,20 @@ class RoundDecision:
         return cls(**data)
 
 
-def decide_round(reports: list[Report], budget: dict[str, int], earlier: list[RoundDecision]) -> RoundDecision:
-    """`budget`: the recoveries each outcome had left at launch; `earlier`: this attempt's rounds."""
-    causes = sorted((r for r in reports if not is_peer_failure_message(r.message)), key=lambda r: (r.t, r.rank))
-    cause = causes[0] if causes else min(reports, key=lambda r: (r.t, r.rank))
+def decide_round(
+    causes: list[Report],
+    first_symptom: Report | None,
+    holding: dict[int, int],
+    world_size: int,
+    budget: dict[str, int],
+    earlier: list[RoundDecision],
+) -> RoundDecision:
+    """`causes`: the reports whose error is not only a peer's going away; `first_symptom`: the first
+    of the others; `holding`: step -> how many ranks hold a copy of it; `budget`: the recoveries each
+    outcome had left at launch; `earlier`: this attempt's rounds."""
+    cause = min(causes, key=lambda r: (r.t, r.rank)) if causes else first_symptom
+    if cause is None:
+        return RoundDecision.no_go("no rank reported what failed")
     outcome = exception_outcome(cause.type).value
     reason = f"rank {cause.rank} raised {cause.type} at step {cause.step}: {cause.message}"
     if outcome not in budget:
@@ -59,12 +69,11 @@ def decide_round(reports: list[Report], budget: dict[str, int], earlier: list[Ro
     left = budget[outcome] - sum(1 for d in earlier if d.outcome == outcome)
     if left <= 0:
         return RoundDecision.no_go(f"{outcome} has no retry left in its budget: {reason}")
-    if any(not r.copies for r in reports):
-        return RoundDecision.no_go(f"rank(s) without an in-memory copy yet: {reason}")
-    restored = min(max(r.copies) for r in reports)
-    lacking = [r.rank for r in reports if restored not in r.copies]
-    if lacking:
-        return RoundDecision.no_go(f"no in-memory copy of step {restored} on rank(s) {lacking[:10]}: {reason}")
+    everyone = [step for step, ranks in holding.items() if ranks == world_size]
+    if not everyone:
+        held = ", ".join(f"step {step} by {ranks}" for step, ranks in sorted(holding.items())) or "none"
+        return RoundDecision.no_go(f"no in-memory copy that all {world_size} ranks hold ({held}): {reason}")
+    restored = max(everyone)
     if earlier:
         last = earlier[-1]
         if last.outcome == outcome and last.failed_step == cause.step and last.restored_step == restored:
