@@ -69,7 +69,9 @@ def measure(ranks: int) -> dict:
     clients = connections(port)  # a real job's ranks are connected to the store long before a failure
     reports_s = in_pool(ranks, clients, lambda client, rank: report_to_round(client, key, report_of(rank), ranks))
     began = time.perf_counter()
-    decision = decide_for_all(server, key, ranks, report_of(0).copies, {"INFRA": 3}, [], WAIT)
+    decision = decide_for_all(
+        server, key, ranks, report_of(0).copies, {"INFRA": 3}, [], lambda names: server.wait(names, WAIT)
+    )
     decide_s = time.perf_counter() - began
     server.set(f"{key}/decision", json.dumps(decision.as_dict()))
     read_s = in_pool(ranks, clients, lambda client, rank: client.get(f"{key}/decision"))

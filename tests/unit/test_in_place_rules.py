@@ -5,11 +5,16 @@ of a recovery in place in the run's ledger."""
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+from torch.distributed import TCPStore
 
 from trainflow.contracts import AttemptResult, Outcome, run_ledger
 from trainflow.contracts.in_place import InPlaceRestart
 from trainflow.orchestrator.failures import decide, in_place_budget
 from trainflow.runspec import FaultTolerance
+from trainflow.runtime.in_place import Stopped, wait_for
 from trainflow.runtime.in_place_rules import Report, RoundDecision, decide_round
 
 PEER_GONE = "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:20623"
@@ -119,3 +124,20 @@ def test_the_ledger_counts_a_recovery_in_place_as_lost_work_and_recovery():
     assert row.in_place[0]["recovery_s"] == 0.5 and row.in_place[0]["ranks_kept"] == 4
     assert ledger.figures.recovery_s_total == 0.5
     assert ledger.figures.lost_steps == 2
+
+
+def test_a_wait_in_the_round_ends_when_the_key_is_set_when_stopped_or_past_its_time():
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    store.set("ready", "1")
+    wait_for(store, ["ready"], 30.0, stopped=lambda: False)  # returns at once
+    polls = []
+
+    def stopped() -> bool:  # a SIGTERM's flag, seen after the third slice
+        polls.append(1)
+        return len(polls) >= 3
+
+    with pytest.raises(Stopped):
+        wait_for(store, ["never"], 30.0, stopped)
+    assert len(polls) == 3
+    with pytest.raises(RuntimeError):  # the store's own timeout error, once the time is up
+        wait_for(store, ["never"], 0.3, stopped=lambda: False)

@@ -26,6 +26,7 @@ import json
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -171,23 +172,54 @@ def first_step_done(reporter: Any) -> None:
         held.announce = None
 
 
+class Stopped(Exception):
+    """A SIGTERM reached the rank while it waited in the round: its attempt is being stopped."""
+
+
 def _agree(store: Any, round_: int, run: Run, mine: Report) -> RoundDecision:
     """Every rank reports; rank 0 waits for all, reads what decides and decides; the others read its
-    decision. Every rank, rank 0 too, makes a constant number of store requests."""
+    decision. Every rank, rank 0 too, makes a constant number of store requests.
+
+    The waits come back to Python every WAIT_SLICE_S: a rank that died never reports, and its node's
+    agent, or the orchestrator stopping the attempt, sends the others a SIGTERM, which must end
+    them now rather than at the end of the wait (the agent kills a worker 30 s after its SIGTERM)."""
     key = f"{ROUND_KEY}/{round_}"
-    wait = timedelta(seconds=run.config.collective_timeout_s)
+    wait_s = run.config.collective_timeout_s
+    stopped = lambda: run._control.preempt_requested_at is not None  # noqa: E731 - the SIGTERM flag
     try:
         report_to_round(store, key, mine, run.world_size)
         if run.rank == 0:
+            wait = lambda names: wait_for(store, names, wait_s, stopped)  # noqa: E731
             decision = decide_for_all(
                 store, key, run.world_size, mine.copies, run.config.in_place_budget, _carried.decisions, wait
             )
             store.set(f"{key}/decision", json.dumps(decision.as_dict()))
             return decision
-        store.wait([f"{key}/decision"], wait + wait)  # rank 0 waits for the reports first
+        wait_for(store, [f"{key}/decision"], 2 * wait_s, stopped)  # rank 0 waits for the reports first
         return RoundDecision.from_dict(json.loads(store.get(f"{key}/decision")))
+    except Stopped:
+        return RoundDecision.no_go("the attempt is being stopped (SIGTERM)")
     except (RuntimeError, ValueError, OSError) as exc:  # the store is gone, or the wait ran out
         return RoundDecision.no_go(f"the round could not be agreed on: {type(exc).__name__}: {str(exc)[:200]}")
+
+
+WAIT_SLICE_S = 0.1
+
+
+def wait_for(store: Any, names: list[str], seconds: float, stopped: Callable[[], bool]) -> None:
+    """`store.wait(names)` for up to `seconds`, in slices: between them a pending signal's handler
+    runs, and `stopped()` ends the wait (Stopped). Past `seconds` the store's own timeout error."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            store.wait(names, timedelta(seconds=max(0.001, min(WAIT_SLICE_S, left))))
+            return
+        except (RuntimeError, ValueError):  # the slice ran out (DistStoreError is a RuntimeError)
+            if stopped():
+                raise Stopped from None
+            if left <= WAIT_SLICE_S:
+                raise
 
 
 def report_to_round(store: Any, key: str, mine: Report, world_size: int) -> None:
@@ -213,16 +245,17 @@ def decide_for_all(
     own_copies: list[int],
     budget: dict[str, int],
     earlier: list[RoundDecision],
-    wait: timedelta,
+    wait: Callable[[list[str]], None],
 ) -> RoundDecision:
-    """Rank 0: wait until every rank has reported under `key`, read the causes and the counts of the
-    copies rank 0 holds (a step every rank holds is one of them), decide."""
+    """Rank 0: wait until every rank has reported under `key` (`wait(names)` raises when they have not
+    in time), read the causes and the counts of the copies rank 0 holds (a step every rank holds is
+    one of them), decide."""
     try:
-        store.wait([f"{key}/all-arrived"], wait)
+        wait([f"{key}/all-arrived"])
     except (RuntimeError, ValueError) as exc:
         missing = [r for r in range(world_size) if not store.check([f"{key}/arrived/{r}"])]
         shown = ", ".join(str(r) for r in missing[:10]) + (" ..." if len(missing) > 10 else "")
-        return RoundDecision.no_go(f"rank(s) {shown} did not report within {wait.total_seconds():g}s ({exc})")
+        return RoundDecision.no_go(f"rank(s) {shown} did not report in time ({str(exc)[:200]})")
     count = int(store.add(f"{key}/causes", 0))
     causes = [f"{key}/cause/{i}" for i in range(1, count + 1)]
     reports = [Report.from_dict(json.loads(value)) for value in (store.multi_get(causes) if causes else [])]
