@@ -114,7 +114,16 @@ def memory_copies_row(tax: dict) -> list[str]:
         f"| steps/s with in-process restart's memory copies (`fault_tolerance.in_process_restart`) | | "
         f"{tax['trainflow_with_memory_copies']['steps_per_s']:.1f} | {tax['memory_copies_ratio']:.3f} of trainflow "
         f"without them, target ≥ 0.98 (rounds: {', '.join(f'{r:.3f}' for r in tax['memory_copies_ratio_per_round'])}); "
-        f"{tax['throughput_ratio_with_memory_copies']:.3f} of bare torchrun |"
+        f"{tax['throughput_ratio_with_memory_copies']:.3f} of bare torchrun |",
+        *(
+            [
+                f"| a memory copy: median cost, cadence, share of the step time | | "
+                f"{copies['memory_copy_s'] * 1e6:.0f} µs every {copies['memory_copy_every_steps']:.0f} steps | "
+                f"{copies['memory_copy_share']:.2%} of the step time (the cadence keeps it ≤ 2%) |"
+            ]
+            if "memory_copy_share" in (copies := tax["trainflow_with_memory_copies"])
+            else []
+        ),
     ]
 
 

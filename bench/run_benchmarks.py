@@ -120,14 +120,24 @@ def under_trainflow(env: dict, overrides: list[str] = ()) -> dict:
 
     launched = time.time()
     summary = last_json(["run", SPEC, "--set", f"workload.steps={STEPS}", *EXTRA, *overrides, "--json"], env)
-    history = MlflowClient(summary["tracking_uri"]).get_metric_history(summary["mlflow_run_id"], "loss")
+    client = MlflowClient(summary["tracking_uri"])
+    history = client.get_metric_history(summary["mlflow_run_id"], "loss")
     points = [(m.step, m.timestamp / 1000) for m in history]
-    return {
+    figures = {
         "steps_per_s": steps_per_s(points),
         "startup_s": min(t for _, t in points) - launched,
         "goodput": summary["goodput"],
         "checkpoint_share": summary["costs"]["checkpoint_share"],
     }
+    copies = [m.value for m in client.get_metric_history(summary["mlflow_run_id"], "memory_copy_s")]
+    every = client.get_metric_history(summary["mlflow_run_id"], "memory_copy_every_steps")
+    if copies and every:  # in-process restart's memory copies: what they cost against the step time
+        figures["memory_copy_s"] = statistics.median(copies)
+        figures["memory_copy_every_steps"] = every[-1].value
+        figures["memory_copy_share"] = figures["memory_copy_s"] / (
+            figures["memory_copy_every_steps"] * summary["costs"]["mean_step_time_s"]
+        )
+    return figures
 
 
 def orchestration(home: Path, env: dict) -> dict:

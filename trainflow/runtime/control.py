@@ -6,7 +6,9 @@ within replica groups: ranks that must hold equal values (replicas along the rep
 data-parallel dimension), never shards that differ by design (see runtime/sharding.py).
 Control points come every step while the step time is unknown, then at a cadence fixed once by
 rank 0 (about every CONTROL_PERIOD_S), so the check costs a fraction of a percent of training
-time and every rank stops at the same step.
+time and every rank stops at the same step. The in-memory copies' cadence (runtime/memory_copy.py)
+is fixed by rank 0 at the same point, and again every MEMORY_RETUNE_EVERY control points from the
+steps and copies since: the warm-up's slower steps would otherwise leave copies too frequent.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from trainflow.runtime.state import local_params_hash
 
 CONTROL_PERIOD_S = 0.25
 WARMUP_STEPS = 10
+MEMORY_RETUNE_EVERY = 40  # control points (about 10 s) between fixes of the memory copies' cadence
 
 
 class ControlPlane:
@@ -43,6 +46,9 @@ class ControlPlane:
         self._memory_auto = memory_every_steps is None
         self._memory_every = memory_every_steps or 1
         self._memory_cost = 0.0  # the copies' seconds during the warm-up
+        # since the cadence was last fixed: the copies' seconds, and the control points' step times
+        self._recent_copies_s, self._recent_copies = 0.0, 0
+        self._recent_steps_s, self._recent_steps = 0.0, 0
         signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, signum, frame) -> None:
@@ -61,6 +67,8 @@ class ControlPlane:
     def memory_copy_took(self, seconds: float) -> None:
         if not self._tuned:
             self._memory_cost += seconds
+        self._recent_copies_s += seconds
+        self._recent_copies += 1
 
     def due(self, step: int) -> bool:
         return step % self._every == 0 or self._divergence_step(step)
@@ -74,6 +82,7 @@ class ControlPlane:
         """Collective at a control point: (someone must stop, every rank's parameter hash or None).
         Hashes are compared on divergence-check steps and, with `verify`, before a checkpoint."""
         self._tune_cadence(step, step_time_s)
+        self._retune_memory_copies(step_time_s)
         check = (
             bool(self.divergence_every)
             and (verify or self._divergence_step(step))
@@ -96,6 +105,26 @@ class ControlPlane:
     def diverged(self, hashes: list[int]) -> list[list[int]]:
         """The replica groups whose members hold different values."""
         return [group for group in self.replica_groups if len({hashes[r] for r in group}) > 1]
+
+    def _retune_memory_copies(self, step_time_s: float) -> None:
+        """The warm-up's steps are slower than the later ones: every MEMORY_RETUNE_EVERY control
+        points rank 0 fixes the copies' cadence again from the figures since, for every rank."""
+        if not (self._tuned and self._memory_auto and self._copies_on):
+            return
+        self._recent_steps_s += step_time_s
+        self._recent_steps += 1
+        if self._recent_steps < MEMORY_RETUNE_EVERY:
+            return
+        proposed = self._memory_every
+        if self._recent_copies:
+            proposed = every_steps(
+                self._recent_copies_s / self._recent_copies, self._recent_steps_s / self._recent_steps
+            )
+        chosen = torch.tensor([proposed], dtype=torch.int64)
+        dist.broadcast(chosen, src=0, group=self.group)
+        self._memory_every = int(chosen[0])
+        self._recent_copies_s, self._recent_copies = 0.0, 0
+        self._recent_steps_s, self._recent_steps = 0.0, 0
 
     def _tune_cadence(self, step: int, step_time_s: float) -> None:
         if self._warmup_until is None:
