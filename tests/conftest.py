@@ -26,6 +26,7 @@ PROCESS_FOLDERS = ("integration", "kubernetes", "lifecycle", "slurm")
 PROCESS_UNIT_MODULES = (
     "test_agent_exit.py",
     "test_buddy_copies.py",
+    "test_control_cadence.py",
     "test_group_sockets.py",
     "test_code_style.py",
     "test_comm_timer.py",

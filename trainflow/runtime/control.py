@@ -81,8 +81,8 @@ class ControlPlane:
     ) -> tuple[bool, list[int] | None]:
         """Collective at a control point: (someone must stop, every rank's parameter hash or None).
         Hashes are compared on divergence-check steps and, with `verify`, before a checkpoint."""
+        self._retune_memory_copies(step_time_s)  # from the control point after the warm-up's on
         self._tune_cadence(step, step_time_s)
-        self._retune_memory_copies(step_time_s)
         check = (
             bool(self.divergence_every)
             and (verify or self._divergence_step(step))

@@ -11,6 +11,7 @@ of a sharded model), with the RNG states and the extras' positions, as a checkpo
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -94,7 +95,8 @@ def every_steps(copy_s: float, step_s: float) -> int:
     """The cadence that keeps copies at COST_SHARE of the training time: every step where that allows."""
     if step_s <= 0:
         return 1
-    return max(1, min(1_000_000, int(np.ceil(copy_s / (COST_SHARE * step_s)))))
+    needed = round(copy_s / (COST_SHARE * step_s), 9)  # 5.000000000000001 is 5
+    return max(1, min(1_000_000, math.ceil(needed)))
 
 
 def _same_shapes(old: dict[str, torch.Tensor], live: dict[str, torch.Tensor]) -> bool:
