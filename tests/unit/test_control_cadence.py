@@ -22,12 +22,12 @@ def _ranks(rank: int, port: int, results) -> None:
     control = ControlPlane(rank, 2, divergence_every=0, memory_every_steps=None)
     # rank 1's own figures differ wildly: only rank 0's decide, for both
     slow, fast, copy = (0.010, 0.002, 0.001) if rank == 0 else (1.0, 1.0, 0.0)
-    step = 0
-    for step in range(1, WARMUP_STEPS + 2):  # the warm-up's steps, then the control point that fixes it
+    tuned_at = WARMUP_STEPS + 1
+    for step in range(1, tuned_at + 1):  # the warm-up's steps, then the control point that fixes it
         control.agree(step, slow, None)
         control.memory_copy_took(copy)
     results[f"after_warmup_{rank}"] = control.memory_every
-    for step in range(step + 1, step + 1 + MEMORY_RETUNE_EVERY):  # faster steps since
+    for step in range(tuned_at + 1, tuned_at + 1 + MEMORY_RETUNE_EVERY):  # faster steps since
         control.agree(step, fast, None)
         if control.memory_copy_due(step):
             control.memory_copy_took(copy)
