@@ -119,7 +119,9 @@ def memory_copies_row(tax: dict) -> list[str]:
             [
                 f"| a memory copy: median cost, cadence, share of the step time | | "
                 f"{copies['memory_copy_s'] * 1e6:.0f} µs every {copies['memory_copy_every_steps']:.0f} steps | "
-                f"{copies['memory_copy_share']:.2%} of the step time (the cadence keeps it ≤ 2%) |"
+                f"{copies['memory_copy_share']:.2%} of the step time, the cadence's aim ≤ 2% (rounds: "
+                + ", ".join(f"{r['memory_copy_share']:.2%}" for r in tax["rounds"]["trainflow_with_memory_copies"])
+                + ") |"
             ]
             if "memory_copy_share" in (copies := tax["trainflow_with_memory_copies"])
             else []
