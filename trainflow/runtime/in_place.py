@@ -13,7 +13,8 @@ is the earliest rank whose exception is not only a symptom of another's; its out
 USER_ERROR) must be retried by the spec and have budget left, which the orchestrator handed down at
 launch (WorkerConfig.in_place_budget) and counts again after the attempt; the same failure at the
 same step from the same copy twice is a crash loop. A rank that does not report within the
-collective timeout (its process died, or it is stuck) means no go: the attempt ends as it always did.
+collective timeout (its process died, or it is stuck) means no go: the attempt ends as it always did,
+and a SIGTERM meanwhile (its node's agent or the orchestrator stopping the attempt) ends the wait.
 
 Imports, the interpreter and the process stay; the script's objects are built again by its own
 code (models, optimizers, loaders), and their state comes from the memory copy, not from storage.
