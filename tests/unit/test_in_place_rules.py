@@ -141,3 +141,8 @@ def test_a_wait_in_the_round_ends_when_the_key_is_set_when_stopped_or_past_its_t
     assert len(polls) == 3
     with pytest.raises(RuntimeError):  # the store's own timeout error, once the time is up
         wait_for(store, ["never"], 0.3, stopped=lambda: False)
+
+
+def test_a_rank_whose_process_cannot_go_on_makes_the_round_no_go():
+    blocked = decide_round([CAUSE], SYMPTOM, HOLDING, 3, {"INFRA": 3}, [], "rank 0's checkpoint save did not end")
+    assert not blocked.go and blocked.reason.startswith("rank 0's checkpoint save did not end: rank 1 raised")

@@ -318,19 +318,19 @@ class Run:
             self.reporter.send(wire.Preempted(step=step, signalled=requested is not None, requested_at=requested))
             self._leave(exit_codes.PREEMPTED, f"preempted: checkpoint at step {step} committed")
 
-    def abandon(self, break_off_groups: Callable[[], int]) -> None:
-        """This run of the script ends in a failure and its process stays (runtime/in_place.py):
-        its groups are broken off first (a save in flight then fails rather than waits), then its
-        threads end."""
+    def abandon(self, break_off_groups: Callable[[], int], save_within_s: float) -> tuple[int, bool]:
+        """This run of the script ends in a failure and its process stays (runtime/in_place.py).
+        The checkpoint save in flight, if any, ends first: it runs in every rank's background
+        thread, which a failure in the training loop does not stop, and breaking the groups off
+        under it could leave its collective waiting. Then the groups are broken off. Returns the
+        connections shut, and whether that save ended within `save_within_s`."""
         self._flush_progress()
         if self.local_rank == 0:
             self._resources.stop()
-        break_off_groups()
-        try:
-            self._checkpointer.close()
-        except Exception as exc:  # noqa: BLE001 - the save in flight fails with the groups
-            print(f"trainflow: the checkpoint save in flight ended: {type(exc).__name__}: {exc}", file=sys.stderr)
+        ended = self._checkpointer.abandon(save_within_s)
+        shut = break_off_groups()
         self._state = None
+        return shut, ended
 
     def _leave(self, code: int, message: str) -> None:
         self._flush_progress()

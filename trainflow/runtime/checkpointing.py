@@ -55,6 +55,10 @@ class Checkpointer:
         """Wait for the save in flight, then stop the background thread."""
         self._saver.close()
 
+    def abandon(self, within_s: float) -> bool:
+        """Stop; False when the save in flight did not end within `within_s` (see Saver.abandon)."""
+        return self._saver.abandon(within_s)
+
     def take_metrics(self) -> dict[str, float]:
         """Figures of the saves since the last call (rank 0 reports them with the next step)."""
         return self._saver.take_metrics()

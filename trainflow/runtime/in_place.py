@@ -44,6 +44,9 @@ if TYPE_CHECKING:
     from trainflow.runtime import Run
 
 ROUND_KEY = "trainflow/in-place"
+# a checkpoint save in flight ends before the groups are broken off; one still running after this is
+# stuck in a collective, and its process cannot go on cleanly: the round is no go (a full restart)
+SAVE_ENDS_WITHIN_S = 10.0
 
 
 @dataclass
@@ -110,18 +113,24 @@ def recover(exc: BaseException) -> bool:
     began, failed_at = time.perf_counter(), time.time()
     traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)  # the node log has it whole
     _active = None
-    run.abandon(break_off_groups)
+    shut, save_ended = run.abandon(break_off_groups, SAVE_ENDS_WITHIN_S)
     abort_s = time.perf_counter() - began
     round_ = len(held.decisions) + 1
     line = _line(exc)
     print(
         f"trainflow: rank {run.rank} raised {type(exc).__name__} at step {run.step}: {line}; "
-        f"recovering in place (round {round_})",
+        f"{shut} connection(s) of its process groups shut; recovering in place (round {round_})",
         file=sys.stderr,
         flush=True,
     )
     mine = Report(
-        rank=run.rank, type=type(exc).__name__, message=line, step=run.step, copies=held.copies.steps, t=failed_at
+        rank=run.rank,
+        type=type(exc).__name__,
+        message=line,
+        step=run.step,
+        copies=held.copies.steps,
+        t=failed_at,
+        blocked=None if save_ended else f"rank {run.rank}'s checkpoint save did not end with its groups",
     )
     copy_every = run._control.memory_every
     decision = _agree(held.store, round_, run, mine)
@@ -229,6 +238,8 @@ def report_to_round(store: Any, key: str, mine: Report, world_size: int) -> None
     rank to arrive says that all have."""
     for step in mine.copies:
         store.add(f"{key}/holding/{step}", 1)
+    if mine.blocked and store.add(f"{key}/blocked", 1) == 1:
+        store.set(f"{key}/first-blocked", mine.blocked)
     if is_peer_failure_message(mine.message):
         if store.add(f"{key}/symptoms", 1) == 1:
             store.set(f"{key}/first-symptom", json.dumps(mine.as_dict()))
@@ -263,7 +274,8 @@ def decide_for_all(
     symptom = f"{key}/first-symptom"
     first_symptom = Report.from_dict(json.loads(store.get(symptom))) if store.check([symptom]) else None
     holding = {step: int(store.add(f"{key}/holding/{step}", 0)) for step in own_copies}
-    return decide_round(reports, first_symptom, holding, world_size, budget, earlier)
+    blocked = store.get(f"{key}/first-blocked").decode() if int(store.add(f"{key}/blocked", 0)) else None
+    return decide_round(reports, first_symptom, holding, world_size, budget, earlier, blocked)
 
 
 def _line(exc: BaseException) -> str:

@@ -18,6 +18,7 @@ class Report:
     step: int
     copies: list[int] = field(default_factory=list)
     t: float = 0.0
+    blocked: str | None = None  # why this rank's process cannot go on (a save stuck in a collective)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -55,15 +56,19 @@ def decide_round(
     world_size: int,
     budget: dict[str, int],
     earlier: list[RoundDecision],
+    blocked: str | None = None,
 ) -> RoundDecision:
     """`causes`: the reports whose error is not only a peer's going away; `first_symptom`: the first
     of the others; `holding`: step -> how many ranks hold a copy of it; `budget`: the recoveries each
-    outcome had left at launch; `earlier`: this attempt's rounds."""
+    outcome had left at launch; `earlier`: this attempt's rounds; `blocked`: why a rank's process
+    cannot go on, if one cannot."""
     cause = min(causes, key=lambda r: (r.t, r.rank)) if causes else first_symptom
     if cause is None:
         return RoundDecision.no_go("no rank reported what failed")
     outcome = exception_outcome(cause.type).value
     reason = f"rank {cause.rank} raised {cause.type} at step {cause.step}: {cause.message}"
+    if blocked:
+        return RoundDecision.no_go(f"{blocked}: {reason}")
     if outcome not in budget:
         return RoundDecision.no_go(f"{outcome} is not retried: {reason}")
     left = budget[outcome] - sum(1 for d in earlier if d.outcome == outcome)

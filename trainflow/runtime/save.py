@@ -130,6 +130,21 @@ class Saver:
         self._stager.close()
         self.publisher.close()
 
+    def abandon(self, within_s: float) -> bool:
+        """The run ends in a failure its process goes on from (runtime/in_place.py): waits
+        `within_s` at most for the save in flight to end (it runs on, with every rank's background
+        thread); False when it did not (its collective still waits: the process cannot go on
+        cleanly). The uploads' helper is closed once it has ended."""
+        pending, self._pending = self._pending, None
+        self._worker.shutdown(wait=False, cancel_futures=True)
+        if pending is not None:
+            wait_for_futures([pending], timeout=within_s)
+        if pending is None or pending.done():
+            self.publisher.close()
+            return True
+        pending.add_done_callback(lambda _: self.publisher.close())
+        return False
+
     def take_metrics(self) -> dict[str, float]:
         """Figures of the saves since the last call (rank 0 reports them with the next step)."""
         with self._metrics_lock:
