@@ -4,6 +4,7 @@ multiprocessing's exit, which waits for its children) forever."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,3 +35,10 @@ def run_ranks(
             process.kill()
             process.join()
     pytest.fail(f"{len(stuck)} of {nprocs} ranks still running after {deadline_s:.0f} s:\n{stacks}")
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now, for the ranks' rendezvous."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -5,12 +5,11 @@ that cannot be read arrives as zeros of its size instead of stopping the ring.""
 from __future__ import annotations
 
 import hashlib
-import socket
 from pathlib import Path
 
 import torch.distributed as dist
 
-from tests.spawned_ranks import run_ranks
+from tests.spawned_ranks import free_port, run_ranks
 from trainflow.checkpoint import buddy
 from trainflow.checkpoint.manifest import FileEntry
 
@@ -21,12 +20,6 @@ def test_each_rank_sends_to_its_place_on_the_next_node_and_the_last_node_to_the_
     assert buddy.buddies(NODES) == {0: 2, 1: 3, 2: 4, 3: 5, 4: 0, 5: 1}
     assert buddy.buddies({0: 0, 1: 0}) == {}  # one node: no buddy
     assert buddy.buddies({0: 0, 1: 0, 2: 1}) == {0: 2, 1: 2, 2: 0}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _sizes(rank: int) -> list[int]:
@@ -64,7 +57,7 @@ def _exchange(rank: int, port: int, root: str, results) -> None:
 
 
 def test_every_ranks_files_reach_its_buddy_intact(tmp_path):
-    results = run_ranks(_exchange, (_free_port(), str(tmp_path)), len(NODES))
+    results = run_ranks(_exchange, (free_port(), str(tmp_path)), len(NODES))
     for rank, got in results.items():
         sender = got["sender"]
         assert got["received"] == sum(_sizes(sender))

@@ -3,18 +3,10 @@ after the warm-up and fixed again from the steps since, the same on every rank."
 
 from __future__ import annotations
 
-import socket
-
 import torch.distributed as dist
 
-from tests.spawned_ranks import run_ranks
+from tests.spawned_ranks import free_port, run_ranks
 from trainflow.runtime.control import MEMORY_RETUNE_EVERY, WARMUP_STEPS, ControlPlane
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _ranks(rank: int, port: int, results) -> None:
@@ -36,7 +28,7 @@ def _ranks(rank: int, port: int, results) -> None:
 
 
 def test_the_copies_cadence_follows_rank_0s_figures_after_the_warm_up_and_again_later():
-    results = run_ranks(_ranks, (_free_port(),), nprocs=2)
+    results = run_ranks(_ranks, (free_port(),), nprocs=2)
     # 1 ms copies on 10 ms steps: every 5 steps keeps them at 2%; on 2 ms steps, every 25
     assert results["after_warmup_0"] == results["after_warmup_1"] == 5
     assert results["after_retune_0"] == results["after_retune_1"] == 25

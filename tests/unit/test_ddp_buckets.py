@@ -9,7 +9,6 @@ import gc
 import hashlib
 import itertools
 import json
-import socket
 
 import pytest
 import torch
@@ -18,19 +17,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from tests.spawned_ranks import run_ranks
+from tests.spawned_ranks import free_port, run_ranks
 from trainflow.runtime.ddp_buckets import BucketOrder, reducer_parameters
 
 WORLD = 4
 STEPS = 12
 RESTART_AT = 6
 BUCKET_CAPS_MB = (None, 0.03)  # DDP's default (one bucket for this model), and several buckets
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _net() -> nn.Module:
@@ -95,7 +88,7 @@ def _train(rank: int, port: int, results) -> None:
 
 
 def test_a_ddp_rebuilt_mid_training_on_four_ranks_ends_bit_identical():
-    results = run_ranks(_train, (_free_port(),), WORLD)
+    results = run_ranks(_train, (free_port(),), WORLD)
 
     def run(name: str, cap) -> set[str]:
         return {results[(f"{name} {cap}", r)] for r in range(WORLD)}
@@ -114,7 +107,7 @@ def test_a_ddp_rebuilt_mid_training_on_four_ranks_ends_bit_identical():
 
 @pytest.fixture
 def one_rank():
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 

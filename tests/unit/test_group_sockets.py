@@ -4,7 +4,6 @@ destroying them alone leaves the peer waiting until the rank's process ends."""
 
 from __future__ import annotations
 
-import socket
 import time
 from datetime import timedelta
 
@@ -12,16 +11,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from tests.spawned_ranks import run_ranks
+from tests.spawned_ranks import free_port, run_ranks
 from trainflow.runtime.group_sockets import break_off_groups, note_group_sockets
 
 TIMEOUT_S = 120  # the groups' collective timeout: what a peer would otherwise wait
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _ranks(rank: int, port: int, break_off: bool, hold_s: float, results) -> None:
@@ -51,7 +44,7 @@ def _ranks(rank: int, port: int, break_off: bool, hold_s: float, results) -> Non
 
 def test_a_peer_waiting_in_a_collective_fails_when_the_groups_are_broken_off():
     # rank 1 holds its model until rank 0's collective has failed (or the collective timeout)
-    results = run_ranks(_ranks, (_free_port(), True, TIMEOUT_S), nprocs=2)
+    results = run_ranks(_ranks, (free_port(), True, TIMEOUT_S), nprocs=2)
     assert results["shut"] >= 2  # a connection of each group to the peer
     assert "Connection closed by peer" in results["error"]
     assert results["peer_failed_while_held"] is True
@@ -59,6 +52,6 @@ def test_a_peer_waiting_in_a_collective_fails_when_the_groups_are_broken_off():
 
 def test_destroying_the_groups_alone_leaves_the_peer_waiting():
     # rank 1 holds its model for 5 s: rank 0's collective fails only once rank 1's process ends
-    results = run_ranks(_ranks, (_free_port(), False, 5.0), nprocs=2)
+    results = run_ranks(_ranks, (free_port(), False, 5.0), nprocs=2)
     assert results["peer_failed_while_held"] is False
     assert "Connection closed by peer" in results["error"]

@@ -6,20 +6,13 @@ without it is measured by bench/exit_race.py (a rare race: no test could show it
 from __future__ import annotations
 
 import gc
-import socket
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from tests.spawned_ranks import run_ranks
+from tests.spawned_ranks import free_port, run_ranks
 from trainflow.runtime import leave_groups
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _train_then_leave_with_the_model_alive(rank: int, port: int, results) -> None:
@@ -45,7 +38,7 @@ def _train_then_leave_with_the_model_alive(rank: int, port: int, results) -> Non
 
 
 def test_every_group_gets_a_kept_final_barrier_and_a_model_outliving_them_exits_cleanly():
-    results = run_ranks(_train_then_leave_with_the_model_alive, (_free_port(),), 2)
+    results = run_ranks(_train_then_leave_with_the_model_alive, (free_port(),), 2)
     for rank in range(2):
         assert results[rank]["groups"] == [True, False] and results[rank]["same_control"], "made first, first"
         assert results[rank]["kept"] == 2 and results[rank]["completed"], "one barrier per gloo group, kept"

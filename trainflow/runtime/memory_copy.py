@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint.state_dict import set_state_dict
 
-from trainflow.runtime.state import join_tensors, split_tensors
+from trainflow.runtime.state import join_tensors, local_part, split_tensors
 from trainflow.runtime.state_io import Stateful, state_dicts
 
 COST_SHARE = 0.02  # a copy may cost this share of the training time, when its cadence is chosen
@@ -53,7 +53,7 @@ class MemoryCopies:
         recycled = self._copies.pop(0) if len(self._copies) == 2 else None
         tensors = recycled.tensors if recycled is not None and _same_shapes(recycled.tensors, live) else {}
         for key, value in live.items():
-            local = _local(value).detach()
+            local = local_part(value).detach()
             if key in tensors:
                 tensors[key].copy_(local)
             else:
@@ -73,7 +73,7 @@ class MemoryCopies:
         if missing:
             raise RuntimeError(f"the in-memory copy does not fit the model: {', '.join(missing[:5])}")
         for key, value in template.items():
-            _local(value).copy_(copy.tensors[key])
+            local_part(value).copy_(copy.tensors[key])
         restored = join_tensors(copy.shared, template)
         set_state_dict(
             state.model,
@@ -101,13 +101,8 @@ def every_steps(copy_s: float, step_s: float) -> int:
 
 def _same_shapes(old: dict[str, torch.Tensor], live: dict[str, torch.Tensor]) -> bool:
     return old.keys() == live.keys() and all(
-        old[k].shape == _local(v).shape and old[k].dtype == v.dtype for k, v in live.items()
+        old[k].shape == local_part(v).shape and old[k].dtype == v.dtype for k, v in live.items()
     )
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    to_local = getattr(tensor, "to_local", None)  # a DTensor: this rank's shard
-    return to_local() if callable(to_local) else tensor
 
 
 def _rng() -> tuple:

@@ -103,11 +103,12 @@ def full_params_sha256(model: torch.nn.Module) -> str | None:
 def local_params_hash(model: torch.nn.Module) -> int:
     """A cheap 60-bit hash of the values this rank holds (its shards of a sharded parameter), for
     comparing replicas: no collective, nothing gathered."""
-    named = {name: _local(p.detach()) for name, p in model.named_parameters()}
+    named = {name: local_part(p.detach()) for name, p in model.named_parameters()}
     return int(params_sha256(named)[:15], 16)
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
+def local_part(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's own values of a tensor: a DTensor's local shard, any other tensor itself."""
     to_local = getattr(tensor, "to_local", None)  # a DTensor: this rank's shard
     return to_local() if callable(to_local) else tensor
 
