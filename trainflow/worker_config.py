@@ -78,6 +78,23 @@ class WorkerConfig:
 
 EXCEPTION_SIGNAL = signal.SIGUSR2  # a drill's exception fault: the rank raises where it is (runtime/fault_gate.py)
 
+# in-process restart (runtime/in_place.py): the node's shared-memory folder of its ranks' in-memory
+# copies (backends/shared_copies.py), and, in a rank process started in place of one that died
+# (backends/rank_replacement.py), what became of that one (JSON)
+MEMORY_COPIES_ENV = "TRAINFLOW_MEMORY_COPIES"
+REPLACES_ENV = "TRAINFLOW_REPLACES"
+GAVE_UP = "gave-up"  # a replacement's mark in its rank's copies folder: its round was no go
+
+
+def rank_copies_folder(rank: int) -> Path | None:
+    """In a rank: its own folder in its node's shared-memory folder, made if missing; None without one."""
+    node = os.environ.get(MEMORY_COPIES_ENV)
+    if not node or not os.path.isdir(node):
+        return None
+    folder = Path(node) / f"rank-{rank}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
+
 
 def fault_gate_path(scratch: Path, attempt: int) -> Path:
     """The file a drill creates once its fault is in, releasing the ranks waiting at the fault's step."""

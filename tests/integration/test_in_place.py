@@ -1,6 +1,8 @@
 """In-process restart (fault_tolerance.in_process_restart): a rank's exception sends every rank back
-to its memory copy in the process it already has, within the attempt, with exact resume; an
-exception whose outcome is not retried ends the attempt as it always did."""
+to its memory copy in the process it already has, within the attempt, with exact resume; a rank
+process that dies is replaced by its node's agent, and the new process goes on from the dead one's
+copies while the others keep their processes; an exception whose outcome is not retried, or a death
+with nothing in memory to go on from, ends the attempt as it always did."""
 
 from __future__ import annotations
 
@@ -106,4 +108,44 @@ def test_recoveries_in_place_spend_the_retry_budget_and_the_next_failure_ends_th
     assert [(r["round"], r["failed_step"]) for r in attempt["in_place"]] == [(1, 8), (2, 16)]
     assert summary["reason"].startswith("infrastructure budget spent (2)")
     assert all(len(set(runs)) == 1 and len(runs) == 3 for runs in pids_of(tmp_path).values())
+    assert job_processes(summary["run_id"]) == []
+
+
+def test_a_rank_that_dies_is_replaced_in_place_while_the_other_three_processes_go_on(cli_env, tmp_path):
+    baseline = run_cli(raising(tmp_path / "baseline", "SIGSEGV", at_steps=(0,)), cli_env)
+    assert baseline.returncode == 0, baseline.stderr[-4000:]
+    result = run_cli(
+        raising(tmp_path, "SIGSEGV", "fault_tolerance.in_process_restart=true", "checkpoint.memory_every_steps=1"),
+        cli_env,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = summary_of(result)
+    assert [a["outcome"] for a in summary["attempts"]] == ["SUCCEEDED"]
+    # ranks 0, 2 and 3 ran the script again in their own processes; rank 1 is a new process
+    pids = pids_of(tmp_path)
+    assert all(len(runs) == 2 and runs[0] == runs[1] for rank, runs in pids.items() if rank != "rank-1"), pids
+    assert len(pids["rank-1"]) == 2 and pids["rank-1"][0] != pids["rank-1"][1], pids
+    (restart,) = summary["attempts"][0]["in_place"]
+    assert restart["outcome"] == "CRASHED"
+    assert restart["cause_rank"] == 1 and "was killed by SIGSEGV" in restart["reason"]
+    # rank 1 died after step 12's update, before its copy of step 12: the round goes back to 11, and
+    # the step the others had finished since (12) is trained again; they failed in step 13
+    assert (restart["failed_step"], restart["restored_step"], restart["lost_steps"]) == (13, 11, 1)
+    assert (restart["ranks_kept"], restart["ranks_replaced"]) == (3, 1)
+    assert summary["params_sha256"] == summary_of(baseline)["params_sha256"]
+    assert summary["final_step"] == 30
+    assert job_processes(summary["run_id"]) == []
+
+
+def test_a_rank_that_dies_before_its_first_memory_copy_falls_back_to_a_full_restart(cli_env, tmp_path):
+    result = run_cli(
+        raising(tmp_path, "SIGKILL", "fault_tolerance.in_process_restart=true", at_steps=(1,)),
+        cli_env,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = summary_of(result)
+    # nothing in memory to go on from: the attempt ends as it would without in-process restart
+    assert [a["outcome"] for a in summary["attempts"]] == ["KILLED", "SUCCEEDED"]
+    assert summary["attempts"][0]["in_place"] == []
+    assert "rank 1" in summary["attempts"][0]["reason"] and "SIGKILL" in summary["attempts"][0]["reason"]
     assert job_processes(summary["run_id"]) == []

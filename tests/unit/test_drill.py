@@ -364,27 +364,29 @@ def test_replaced_later_needs_a_permanent_node_loss_and_room_to_shrink():
         check_plan(spec, FaultPlan(kind="node-loss", permanent=True, replaced_later=True))
 
 
-def recovered_in_place(kept: int = 2, restored: int = 70, failed: int = 70) -> dict:
+def recovered_in_place(
+    kept: int = 2, restored: int = 70, failed: int = 70, replaced: int = 0, outcome: str = "INFRA"
+) -> dict:
     row = {**attempt(1, "SUCCEEDED", 200, 0), "world_size": 2}
     row["in_place"] = [
         {
             "round": 1,
-            "outcome": "INFRA",
+            "outcome": outcome,
             "failed_step": failed,
             "restored_step": restored,
             "failed_at": 5.01,
             "recovery_s": 0.08,
             "phases": {"abort_s": 0.002, "rejoin_s": 0.07, "restore_s": 0.002},
             "ranks_kept": kept,
-            "ranks_replaced": 0,
+            "ranks_replaced": replaced,
             "lost_steps": max(0, failed - 1 - restored),
         }
     ]
     return summary([row])
 
 
-def in_place_verdict(run: dict) -> dict:
-    return drill_report(FaultPlan(kind="exception", at_step=70), run, BASELINE, 1.0, True, 50, in_process_restart=True)
+def in_place_verdict(run: dict, kind: str = "exception") -> dict:
+    return drill_report(FaultPlan(kind=kind, at_step=70), run, BASELINE, 1.0, True, 50, in_process_restart=True)
 
 
 def test_an_exception_recovered_in_place_reports_its_round_and_passes():
@@ -398,10 +400,31 @@ def test_an_exception_recovered_in_place_reports_its_round_and_passes():
 @pytest.mark.parametrize(
     "run, broken",
     [
-        (recovered_in_place(kept=1), "1 rank process(es) kept and 0 replaced, expected all 2 kept"),
+        (recovered_in_place(kept=1), "1 rank process(es) kept and 0 replaced, expected 2 kept and 0 replaced"),
         (recovered_in_place(restored=60), "lost 9 steps in place, more than the copies' interval (1)"),
         (summary([attempt(1, "INFRA", 70, 0), attempt(2, "SUCCEEDED", 200, 70)]), "no recovery in place was recorded"),
     ],
 )
 def test_an_exception_drill_with_in_process_restart_fails_unless_every_rank_went_on_in_place(run, broken):
     assert broken in in_place_verdict(run)["broken_rules"]
+
+
+def test_a_crash_recovered_in_place_passes_with_the_dead_rank_replaced_and_the_other_kept():
+    run = recovered_in_place(kept=1, replaced=1, outcome="CRASHED", failed=71)
+    report = in_place_verdict(run, "crash")
+    assert report["broken_rules"] == [] and report["passed"] is True
+    assert (report["detected_kind"], report["ranks_kept"], report["ranks_replaced"]) == ("CRASHED", 1, 1)
+
+
+@pytest.mark.parametrize(
+    "run, broken",
+    [
+        (
+            recovered_in_place(kept=2, outcome="CRASHED", failed=71),
+            "2 rank process(es) kept and 0 replaced, expected 1 kept and 1 replaced",
+        ),
+        (recovered_in_place(kept=1, replaced=1, outcome="KILLED", failed=71), "detected as KILLED, expected CRASHED"),
+    ],
+)
+def test_a_crash_drill_in_place_fails_unless_exactly_the_dead_rank_was_replaced(run, broken):
+    assert broken in in_place_verdict(run, "crash")["broken_rules"]

@@ -48,6 +48,34 @@ def test_the_cause_is_the_earliest_rank_whose_error_is_not_a_peers_going_away():
     )
 
 
+DEATH = Report(
+    rank=1,
+    type="SIGSEGV",
+    message="was killed by SIGSEGV (process 77)",
+    step=-1,
+    copies=[10, 11],
+    t=1.9,
+    outcome="CRASHED",
+)
+
+
+def test_a_rank_process_that_died_is_the_cause_even_after_a_peers_error_and_its_step_is_its_peers():
+    # the replacement reports the death when it starts, after a peer raised something that is not
+    # only a peer's going away: a death is never the symptom of another's exception
+    early = report(2, "DistStoreError", "store gone", 13, t=1.2)
+    decision = round_decision(causes=(early, DEATH), budget={"INFRA": 3, "CRASHED": 3})
+    assert decision == RoundDecision(
+        go=True,
+        reason="rank 1 was killed by SIGSEGV (process 77) in step 13",
+        outcome="CRASHED",
+        cause_rank=1,
+        failed_step=13,  # the step its peers were in
+        restored_step=11,
+    )
+    assert round_decision(causes=(DEATH,), symptom=None, budget={"CRASHED": 1}).failed_step == 13  # newest held + 1
+    assert not round_decision(causes=(DEATH,), budget={"INFRA": 3}).go  # CRASHED not retried
+
+
 def test_an_outcome_the_spec_does_not_retry_or_whose_budget_is_spent_ends_the_attempt():
     user = report(1, "ValueError", "bad batch", 12, t=1.0)
     not_retried = round_decision(causes=(user,))
@@ -106,8 +134,9 @@ RESTART = InPlaceRestart(
 
 def test_the_budget_handed_down_is_what_the_retries_and_the_recoveries_in_place_left():
     policy = FaultTolerance(in_process_restart=True, max_infra_failures=2)
-    assert in_place_budget(policy, []) == {"INFRA": 2}  # USER_ERROR is not in the default retry_on
-    assert in_place_budget(policy, [result(Outcome.INFRA, [RESTART])]) == {"INFRA": 0}
+    # USER_ERROR is not in the default retry_on; a rank's death (CRASHED, KILLED) spends max_restarts
+    assert in_place_budget(policy, []) == {"INFRA": 2, "CRASHED": 3, "KILLED": 3}
+    assert in_place_budget(policy, [result(Outcome.INFRA, [RESTART])]) == {"INFRA": 0, "CRASHED": 3, "KILLED": 3}
     users = FaultTolerance(in_process_restart=True, max_user_errors=1, retry_on=[Outcome.USER_ERROR])
     assert in_place_budget(users, []) == {"USER_ERROR": 1}
     assert in_place_budget(FaultTolerance(), []) == {}

@@ -90,3 +90,44 @@ def test_copies_are_as_frequent_as_two_percent_of_the_step_time_allows():
     assert every_steps(copy_s=0.0001, step_s=0.1) == 1
     assert every_steps(copy_s=0.001, step_s=0.01) == 5
     assert every_steps(copy_s=0.0, step_s=0.0) == 1
+
+
+def test_copies_in_a_shared_folder_are_taken_over_by_a_process_started_in_place(tmp_path):
+    state = live()
+    train(state, 3)
+    copies = MemoryCopies(tmp_path)
+    copies.take(3, state)
+    expected = snapshot(state)
+    train(state, 2)
+    copies.take(5, state)
+    train(state, 1)
+
+    left = MemoryCopies.left_in(tmp_path)  # what the files say, as a new process reads them
+    assert left.steps == [3, 5]
+    fresh = live()
+    left.restore(3, fresh)
+    got = snapshot(fresh)
+    assert all(torch.equal(a, b) for a, b in zip(got["params"], expected["params"], strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(got["moments"], expected["moments"], strict=True))
+    assert got["index"] == expected["index"] == 24
+    assert torch.equal(got["next"][0], expected["next"][0]) and got["next"][1:] == expected["next"][1:]
+    assert MemoryCopies.left_in(tmp_path).steps == [3]  # the newer one is forgotten in the files too
+
+
+def test_a_copy_cut_short_leaves_the_other_slot_whole(tmp_path):
+    state = live()
+    copies = MemoryCopies(tmp_path)
+    for step in (1, 2):
+        train(state, 1)
+        copies.take(step, state)
+    copies._forget(copies._copies[0].slot)  # where a death mid-copy leaves step 1's slot: undescribed
+    assert MemoryCopies.left_in(tmp_path).steps == [2]
+
+
+def test_a_full_shared_folder_keeps_the_copies_in_the_process(tmp_path, capsys):
+    state = live()
+    train(state, 1)
+    copies = MemoryCopies(tmp_path / "gone")  # cannot be written
+    copies.take(1, state)
+    assert copies.steps == [1] and copies.folder is None
+    assert "in this process only" in capsys.readouterr().err

@@ -31,10 +31,13 @@ def wait_for(server: StatusServer, predicate: Callable[[AttemptStatus], bool], t
 class Connection:
     """One worker's connection, written line by line as the reporter would."""
 
-    def __init__(self, server: StatusServer, rank: int, attempt: int = 1, pid: int | None = None, token=None):
+    def __init__(
+        self, server: StatusServer, rank: int, attempt: int = 1, pid: int | None = None, token=None, replaces=()
+    ):
         self.identity = {"rank": rank, "node": rank, "attempt": attempt, "pid": 1000 + rank if pid is None else pid}
         self.sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-        self.send("hello", token=server.token if token is None else token, version=PROTOCOL_VERSION)
+        token = server.token if token is None else token
+        self.send("hello", token=token, version=PROTOCOL_VERSION, replaces=list(replaces))
 
     def send(self, kind: str, **fields) -> None:
         message = {**self.identity, "kind": kind, "t": time.time(), **fields}
@@ -226,3 +229,27 @@ def test_what_an_attempt_sent_after_its_watch_ended_is_not_the_next_attempts(ser
     seen_at(server, 0, 3)
     assert [(e["attempt"], e["message"]) for e in drain(server.events)] == [(2, "the new attempt's own")]
     assert [report.step for report in drain(server.steps)] == [3]
+
+
+def test_a_process_started_in_place_of_a_dead_one_speaks_for_its_rank_from_then_on(server, connect):
+    first = connect(0)
+    first.progress(10)
+    seen_at(server, 0, 10)
+    replacement = connect(0, pid=2000, replaces=[1000])  # its node's agent started it as rank 0's died
+    replacement.progress(11)
+    assert seen_at(server, 0, 11).ranks[0].pid == 2000
+    first.progress(12)  # the dead one's last lines, read late, no longer speak for the rank
+    replacement.progress(13)
+    snapshot = seen_at(server, 0, 13)
+    assert snapshot.ranks[0].pid == 2000
+
+
+def test_a_process_may_replace_only_the_process_its_rank_is(server, connect):
+    real = connect(0)
+    real.progress(10)
+    seen_at(server, 0, 10)
+    impostor = connect(0, pid=4242, replaces=[999])  # not rank 0's process
+    impostor.progress(50)
+    real.progress(11)
+    snapshot = seen_at(server, 0, 11)
+    assert snapshot.ranks[0].pid == 1000 and snapshot.ranks[0].step == 11

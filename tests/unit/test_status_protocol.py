@@ -15,6 +15,8 @@ from trainflow.orchestrator.status import StatusServer
 
 EXAMPLES = [
     wire.Hello(token="t" * 32, rank=3, node=1, attempt=2, pid=4242, version=wire.PROTOCOL_VERSION, t=1.5),
+    wire.Hello(token="t" * 32, rank=3, node=1, attempt=2, pid=4243, version=wire.PROTOCOL_VERSION, replaces=[4242]),
+    wire.Replaced(pids=[4242], t=1.6),
     wire.Heartbeat(t=2.0),
     wire.Progress(
         steps=[
@@ -74,6 +76,20 @@ EXAMPLES = [
         rejoin_s=0.13,
         restore_s=0.002,
         t=8.3,
+    ),
+    wire.RestartedInPlace(
+        round=2,
+        outcome="CRASHED",
+        reason="rank 1 was killed by SIGSEGV (process 4242) in step 20",
+        cause_rank=1,
+        failed_step=20,
+        restored_step=19,
+        failed_at=9.1,
+        abort_s=0.0,
+        rejoin_s=0.4,
+        restore_s=0.002,
+        replaced=True,
+        t=9.3,
     ),
     wire.Preempted(step=12, signalled=True, requested_at=9.0, t=9.5),
     wire.Diverged(step=20, hashes=["0a", "0b"], groups=[[0, 1]], t=10.0),

@@ -217,3 +217,22 @@ def test_a_frozen_orchestrator_stops_its_workers_after_the_orchestrator_timeout(
                 proc.kill()
                 proc.wait()
         orchestrator.stdin.close()
+
+
+def test_a_rank_process_started_in_place_of_a_dead_one_reaches_the_orchestrator_through_the_relay(server, relay):
+    first = rank(relay, server, 0)
+    first.send(wire.Progress(steps=[wire.StepEntry(step=5)]))
+    wait_for(server, lambda s: 0 in s.ranks and s.ranks[0].step == 5)
+    # the replacement says hello before the relay has read the dead one's end
+    replacement = StatusReporter(
+        relay.address,
+        server.token,
+        {"rank": 0, "node": 0, "attempt": 1, "pid": 555, "replaces": [100]},
+        heartbeat_interval_s=0.1,
+        orchestrator_timeout_s=30,
+    )
+    replacement.send(wire.Progress(steps=[wire.StepEntry(step=6)]))
+    snapshot = wait_for(server, lambda s: s.ranks[0].step == 6)
+    assert snapshot.ranks[0].pid == 555
+    first.close()
+    replacement.close()

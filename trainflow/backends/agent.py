@@ -24,15 +24,20 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from pathlib import Path
 
 
-def make_node_scratch() -> None:
+def make_node_scratch():
     """The node's private scratch folder (its relay's socket, a plain script's copies aside, the
-    node-local checkpoint tier), before anything is put in it."""
+    node-local checkpoint tier), before anything is put in it; returns the attempt's configuration,
+    None for torchrun run by hand."""
     from trainflow.worker_config import CONFIG_ENV, WorkerConfig
 
-    if os.environ.get(CONFIG_ENV):  # else torchrun run by hand
-        WorkerConfig.from_env().make_node_scratch()
+    if not os.environ.get(CONFIG_ENV):
+        return None
+    config = WorkerConfig.from_env()
+    config.make_node_scratch()
+    return config
 
 
 def main() -> None:
@@ -40,18 +45,30 @@ def main() -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
-    from trainflow.backends import bounded_output, quick_rendezvous, rank_records, script_main, store_sockets
+    from trainflow.backends import (
+        bounded_output,
+        quick_rendezvous,
+        rank_records,
+        rank_replacement,
+        script_main,
+        store_sockets,
+    )
     from trainflow.backends.leftover_workers import end_leftover_workers
     from trainflow.backends.plain_node import prepare_node
+    from trainflow.backends.shared_copies import make_for_node, remove
     from trainflow.relay.relay import start_for_node
 
-    make_node_scratch()
+    config = make_node_scratch()
+    # with in-process restart, the ranks' in-memory copies outlive a rank's process (shared_copies.py)
+    shared = make_for_node(Path(config.node_scratch), config.attempt) if config and config.in_place_budget else None
     copies = prepare_node(sys.argv)  # before the records' variable leaves the environment
     script_main.install()  # a rank that starts as a new interpreter runs its script as a warm one does
     quick_rendezvous.install_from_environment()
     store_sockets.install_from_environment()
     bounded_output.install_from_environment()
     rank_records.install_from_environment()
+    if shared is not None:
+        rank_replacement.install_from_environment(config.in_place_budget)
 
     code = 0
     relay = None
@@ -81,6 +98,7 @@ def main() -> None:
             )
         if relay is not None:
             relay.close()
+        remove(shared)
         if copies is not None:
             copies.finish(code)
         sys.stdout.flush()

@@ -22,8 +22,15 @@ def records_path(attempt_dir: Path, node: int) -> Path:
 
 
 def read_exits(path: Path) -> dict[int, int]:
-    """pid -> exit code (negative: the signal) of every rank that has exited; {} before any."""
-    return _pairs(path, "pid", "code")
+    """pid -> exit code (negative: the signal) of every rank that has exited, other than those
+    another process was started in place of (rank_replacement.py); {} before any."""
+    replaced = read_replaced(path)
+    return {pid: code for pid, code in _pairs(path, "pid", "code").items() if pid not in replaced}
+
+
+def read_replaced(path: Path) -> set[int]:
+    """The pids of ranks that died and had a process started in their place."""
+    return {int(entry["replaced"]) for entry in _entries(path) if isinstance(entry.get("replaced"), int)}
 
 
 def read_ranks(path: Path) -> dict[int, int]:
@@ -65,6 +72,12 @@ def _append(path: str, entry: dict) -> None:
         os.close(fd)
 
 
+def note_replaced(path: str, pid: int, local_rank: int, code: int) -> None:
+    """A rank that died and has a process started in its place: noted before the new one starts, so
+    that no reader takes the death for the node's failure."""
+    _append(path, {"replaced": pid, "local_rank": local_rank, "code": code})
+
+
 class RecordedProcess:
     """torchrun's handle on one rank (a Popen, or a warm worker's stand-in), which records the exit
     status the first time a poll or wait returns it."""
@@ -79,6 +92,10 @@ class RecordedProcess:
     def poll(self):
         return self._record(self._proc.poll())
 
+    def peek(self):
+        """The exit status, without recording it."""
+        return self._proc.poll()
+
     def wait(self, *args, **kwargs):
         return self._record(self._proc.wait(*args, **kwargs))
 
@@ -92,11 +109,16 @@ class RecordedProcess:
         return code
 
 
+installed_path: str | None = None
+
+
 def install_from_environment() -> None:
     """In the agent, before torchrun starts: every rank handle torchrun makes records its exit."""
+    global installed_path
     path = os.environ.pop(RECORDS_ENV, None)
     if not path:
         return
+    installed_path = path
     from torch.distributed.elastic.multiprocessing import api
 
     make_handler = api.get_subprocess_handler  # torchrun's, or the warm workers' forking one

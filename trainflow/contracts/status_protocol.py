@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 
 class Malformed(ValueError):
@@ -57,6 +57,9 @@ class Hello:
     attempt: int
     pid: int | None = None
     version: int = 0  # PROTOCOL_VERSION of the sender; 0: a sender older than versions
+    # the pids of the rank's processes this one was started in place of, oldest first (a process
+    # that died, replaced by its node's agent: backends/rank_replacement.py); [] for the first
+    replaces: list[int] = field(default_factory=list)
     t: float = field(default_factory=_now)
 
 
@@ -190,6 +193,17 @@ class RestartedInPlace:
     rejoin_s: float  # agreeing on the round and forming the new group (with the script's re-run)
     restore_s: float  # loading the in-memory copy
     copy_every_steps: int = 1  # the memory copies' cadence then: the steps a failure may cost
+    replaced: bool = False  # this rank's process was started in place of one that died
+    t: float = field(default_factory=_now)
+
+
+@dataclass(frozen=True)
+class Replaced:
+    """The rank speaks from a new process, started in place of `pids` (its hello's `replaces`): a
+    node relay passes it on as the rank's event, so the orchestrator follows the rank to its new pid."""
+
+    kind: ClassVar[str] = "replaced"
+    pids: list[int]
     t: float = field(default_factory=_now)
 
 
@@ -313,7 +327,7 @@ class RankEvent:
     kind: ClassVar[str] = "rank-event"
     rank: int
     pid: int | None
-    message: Event | Resources  # a node's figures too: one rank of each node samples them
+    message: Event | Resources | Replaced  # a node's figures too: one rank of each node samples them
     t: float = field(default_factory=_now)
 
 
@@ -360,6 +374,7 @@ KINDS: dict[str, type] = {
         NodeHello,
         NodeReport,
         RankEvent,
+        Replaced,
         Answer,
         Refused,
     )

@@ -136,6 +136,9 @@ EXPECTED_OUTCOME = {
     FaultKind.storage_outage: None,
 }
 DETECTED_WITHOUT_FAILURE = {FaultKind.straggler: "STRAGGLER"}
+# with fault_tolerance.in_process_restart: the faults recovered within their attempt, and how many
+# rank processes are started anew (one in place of the rank that died; none for an exception)
+RECOVERED_IN_PLACE = {FaultKind.exception: 0, FaultKind.crash: 1, FaultKind.kill: 1}
 
 
 def drill_report(
@@ -348,8 +351,9 @@ def broken_rules(plan: FaultPlan, report: dict, every_steps: int) -> list[str]:
     4. the retry resumed from the newest checkpoint committed before the fault
     5. the final parameters equal the baseline's wherever the world size was kept
     6. a lost node replaced later: the job shrank, then grew back to its size at a checkpoint, losing no step
-    7. in-process restart: the exception was recovered in the attempt, every rank process kept, at
-       most the memory copies' interval lost (one step where they come every step)"""
+    7. in-process restart: the exception, crash or kill was recovered in the attempt, every other rank
+       process kept (the dead one replaced), at most the memory copies' interval lost (one step where
+       they come every step)"""
     broken = []
     if not report["injected"]:
         return ["the fault was never injected"]
@@ -362,14 +366,15 @@ def broken_rules(plan: FaultPlan, report: dict, every_steps: int) -> list[str]:
         broken.append("resources were left behind")
     expected = EXPECTED_OUTCOME[plan.kind]
     wanted = [expected, "SUCCEEDED"] if expected else ["SUCCEEDED"]
-    if report["in_place"] and plan.kind == FaultKind.exception:
+    if report["in_place"] and plan.kind in RECOVERED_IN_PLACE:
         wanted = ["SUCCEEDED"]
+        world, replaced = report["world_sizes"][0], RECOVERED_IN_PLACE[plan.kind]
         if report["ranks_kept"] is None:
             broken.append("no recovery in place was recorded")
-        elif report["ranks_kept"] != report["world_sizes"][0] or report["ranks_replaced"]:
+        elif (report["ranks_kept"], report["ranks_replaced"]) != (world - replaced, replaced):
             broken.append(
                 f"{report['ranks_kept']} rank process(es) kept and {report['ranks_replaced']} replaced, "
-                f"expected all {report['world_sizes'][0]} kept"
+                f"expected {world - replaced} kept and {replaced} replaced"
             )
         # the copies come every N steps (every step while that costs <= 2% of the step time)
         allowed = max(1, report["memory_copy_every_steps"] or 1)

@@ -1,5 +1,6 @@
 """The recoveries in place of an attempt, from what its ranks reported (runtime/in_place.py): one
-record per round, with how many rank processes went on and the slowest rank's phases."""
+record per round, with how many rank processes went on, how many were started in place of one that
+died, and the slowest rank's phases."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from trainflow.contracts.status_protocol import RestartedInPlace
 def in_place_restarts(rounds: dict[int, list[tuple[int, RestartedInPlace]]]) -> list[InPlaceRestart]:
     restarts = []
     for number, reports in sorted(rounds.items()):
-        first = min(reports, key=lambda item: item[0])[1]  # every rank names the same cause; rank order
+        # every rank names the same cause; a rank that was there throughout knows the copies' cadence
+        first = min(reports, key=lambda item: (item[1].replaced, item[0]))[1]
         messages = [message for _, message in reports]
+        replaced = {rank for rank, message in reports if message.replaced}
         restarts.append(
             InPlaceRestart(
                 round=number,
@@ -23,7 +26,8 @@ def in_place_restarts(rounds: dict[int, list[tuple[int, RestartedInPlace]]]) -> 
                 restored_step=first.restored_step,
                 failed_at=min(m.failed_at for m in messages),
                 resumed_at=max(m.t for m in messages),
-                ranks_kept=len({rank for rank, _ in reports}),
+                ranks_kept=len({rank for rank, _ in reports} - replaced),
+                ranks_replaced=len(replaced),
                 copy_every_steps=first.copy_every_steps,
                 phases={
                     "abort_s": max(m.abort_s for m in messages),

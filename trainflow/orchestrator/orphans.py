@@ -15,6 +15,7 @@ import psutil
 
 from trainflow.backends.job_tmp import remove_job_temp_dir
 from trainflow.backends.processes import job_processes, terminate
+from trainflow.backends.shared_copies import remove_recorded
 from trainflow.home import runs_root
 from trainflow.private_files import private_folder, write_private
 
@@ -92,6 +93,7 @@ def _clear(run_id: str, scratch: Path, network: dict | None) -> int:
 
         NodeNetwork.from_record(network).destroy()
     remove_job_temp_dir(scratch)
+    remove_recorded(scratch)
     shutil.rmtree(scratch, ignore_errors=True)
     return len(leftovers)
 

@@ -42,6 +42,7 @@ from trainflow.contracts.status_protocol import (
     Progress,
     RankEvent,
     RankMark,
+    Replaced,
     Resources,
     RestartedInPlace,
     Restored,
@@ -308,7 +309,8 @@ class StatusServer:
             if isinstance(hello, NodeHello):
                 self._heard(hello.attempt, hello.node, time.time())
             else:
-                self._apply(hello.attempt, hello.node, stream, [(hello.rank, hello.pid, Heartbeat(), time.time())])
+                said = Replaced(pids=list(hello.replaces)) if hello.replaces else Heartbeat()
+                self._apply(hello.attempt, hello.node, stream, [(hello.rank, hello.pid, said, time.time())])
         return stream
 
     def _heard(self, attempt: int, node: int, read_at: float) -> None:
@@ -326,7 +328,12 @@ class StatusServer:
         if attempt != current.attempt:
             return  # a worker of another attempt: it counts once (or as long as) that one runs
         touched: set[int] = set()
+        for rank, pid, message, _ in items:
+            if isinstance(message, Replaced):  # before the rank's marks from its new pid are read
+                self._follow(current, rank, node, pid, message)
         for rank, pid, message, read_at in items:
+            if isinstance(message, Replaced):
+                continue
             if isinstance(message, StepSum):  # the node's ranks' sum of a step: no one rank's
                 if current.first_step_at is None:
                     current.first_step_at = min(read_at, message.t)
@@ -385,6 +392,15 @@ class StatusServer:
         status = current.ranks[rank] = RankStatus(rank=rank, node=node, pid=pid)
         current.nodes.setdefault(node, NodeStatus(node)).ranks.add(rank)
         return status
+
+    @staticmethod
+    def _follow(current: AttemptStatus, rank: int, node: int, pid: int | None, replaced: Replaced) -> None:
+        """A rank of this node speaks from a new process, started in place of one that died: the
+        one it was started in place of must be the one the rank was, on the same node."""
+        status = current.ranks.get(rank)
+        if status is not None and status.node == node and status.pid in replaced.pids and pid is not None:
+            log.info("status channel: rank %d is process %d now, in place of %d", rank, pid, status.pid)
+            status.pid = pid
 
     @staticmethod
     def _mark(current: AttemptStatus, status: RankStatus, mark: RankMark, read_at: float) -> None:

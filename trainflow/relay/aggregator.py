@@ -18,6 +18,7 @@ from trainflow.contracts.status_protocol import (
     Progress,
     RankEvent,
     RankMark,
+    Replaced,
     Resources,
     Restored,
     StepSum,
@@ -85,6 +86,10 @@ class NodeAggregator:
                 state.changed = True
                 self._events.append(RankEvent(rank=rank, pid=pid, message=message, t=now))
             case Resources():
+                self._events.append(RankEvent(rank=rank, pid=pid, message=message, t=now))
+            case Replaced():  # the rank's new process: its marks carry the new pid from now on
+                state.pid = pid
+                state.changed = True
                 self._events.append(RankEvent(rank=rank, pid=pid, message=message, t=now))
             case _:
                 self._events.append(RankEvent(rank=rank, pid=pid, message=message, t=now))

@@ -35,6 +35,7 @@ from trainflow.contracts.status_protocol import (
     NodeHello,
     Progress,
     Refused,
+    Replaced,
     decode,
     encode,
 )
@@ -216,12 +217,19 @@ class NodeRelay:
                 ),
             )
             return False
-        if any(other.rank == hello.rank and other.pid != hello.pid for other in self._ranks.values()):
+        # a process started in place of one that died may say so before the dead one's end is read
+        if any(
+            other.rank == hello.rank and other.pid != hello.pid and other.pid not in hello.replaces
+            for other in self._ranks.values()
+        ):
             log.warning("trainflow relay: rank %d is already another process", hello.rank)
             return False
         conn.rank, conn.pid = hello.rank, hello.pid
         with self._lock:
-            self._aggregator.heard(hello.rank, hello.pid, now)
+            if hello.replaces:
+                self._aggregator.apply(hello.rank, hello.pid, Replaced(pids=list(hello.replaces)), now)
+            else:
+                self._aggregator.heard(hello.rank, hello.pid, now)
         return True
 
     def _end(self, fd: int) -> None:

@@ -22,6 +22,7 @@ write to MLflow or Prefect.
 from __future__ import annotations
 
 import faulthandler
+import json
 import math
 import os
 import signal
@@ -57,7 +58,7 @@ from trainflow.runtime.resources import ResourceSampler
 from trainflow.runtime.sharding import layout_warnings, replicated_dims
 from trainflow.runtime.state import full_params_sha256, seed_everything
 from trainflow.runtime.step_reports import StepReports
-from trainflow.worker_config import WorkerConfig
+from trainflow.worker_config import REPLACES_ENV, WorkerConfig
 
 __all__ = ["ResumableLoader", "Run", "init"]
 
@@ -89,13 +90,17 @@ class Run:
         self._mesh = None
         in_place_on = in_place.enabled(config)
         resuming = in_place.pending() if in_place_on else None  # the script runs again after a failure
+        # a process started in place of this rank's, which died (backends/rank_replacement.py)
+        replacing = in_place_on and in_place.carried() is None and os.environ.get(REPLACES_ENV)
+        died = json.loads(replacing) if replacing else None
         if resuming is not None:
             self.reporter = in_place.carried().reporter
         else:
+            identity = {"rank": self.rank, "node": config.node, "attempt": config.attempt, "pid": os.getpid()}
             self.reporter = StatusReporter(
                 status_address(config.status_address),
                 config.status_token,
-                identity={"rank": self.rank, "node": config.node, "attempt": config.attempt, "pid": os.getpid()},
+                identity={**identity, "replaces": died["pids"]} if died else identity,
                 heartbeat_interval_s=config.heartbeat_interval_s,
                 orchestrator_timeout_s=config.orchestrator_timeout_s,
             )
@@ -103,6 +108,8 @@ class Run:
         report_uncaught_errors(self.reporter, self._flush_progress, lambda: self.step)
         if in_place_on:
             note_group_sockets()  # so that a failure can break the groups off (runtime/group_sockets.py)
+        if died is not None:  # into the round its peers are in, to go on from the dead one's copies
+            resuming = in_place.join_as_replacement(self.rank, self.world_size, config, self.reporter, died)
         dist.init_process_group(
             backend=config.comm_backend,
             timeout=timedelta(seconds=config.collective_timeout_s),
@@ -142,7 +149,7 @@ class Run:
         self._data_wait = 0.0
         self._copies = None
         if in_place_on:
-            in_place.attach(self, distributed_c10d._get_default_store())
+            in_place.attach(self, in_place.job_store(distributed_c10d._get_default_store()))
             self._copies = in_place.carried().copies
         if self.local_rank == 0:  # one sampler per node
             self._resources = ResourceSampler(lambda figures: self.reporter.send(wire.Resources(figures=figures)))

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import signal
 import sys
 import time
 import traceback
@@ -39,6 +41,7 @@ from trainflow.contracts.exceptions import is_peer_failure_message
 from trainflow.runtime.group_sockets import break_off_groups
 from trainflow.runtime.in_place_rules import Report, RoundDecision, decide_round
 from trainflow.runtime.memory_copy import MemoryCopies
+from trainflow.worker_config import GAVE_UP, rank_copies_folder
 
 if TYPE_CHECKING:
     from trainflow.runtime import Run
@@ -59,6 +62,7 @@ class Pending:
     abort_s: float
     began: float  # perf_counter at the failure
     copy_every: int  # the memory copies' cadence when it failed
+    replaced: bool = False  # this process was started in place of the rank's that died
 
 
 @dataclass
@@ -90,10 +94,12 @@ def carried() -> Carried | None:
 
 
 def attach(run: Run, store: Any) -> None:
-    """`run` is the script's run now; `store` is the job's store (kept from the first init)."""
+    """`run` is the script's run now; `store` is the job's store (kept from the first init). The
+    copies go to the rank's folder in its node's shared memory, where there is one: a process
+    started in place of this one, should it die, goes on from them (`join_as_replacement`)."""
     global _carried, _active
     if _carried is None:
-        _carried = Carried(reporter=run.reporter, store=store)
+        _carried = Carried(reporter=run.reporter, store=store, copies=MemoryCopies(rank_copies_folder(run.rank)))
     _active = run
 
 
@@ -115,7 +121,7 @@ def recover(exc: BaseException) -> bool:
     _active = None
     shut, save_ended = run.abandon(break_off_groups, SAVE_ENDS_WITHIN_S)
     abort_s = time.perf_counter() - began
-    round_ = len(held.decisions) + 1
+    round_ = next_round(held.store)
     line = _line(exc)
     print(
         f"trainflow: rank {run.rank} raised {type(exc).__name__} at step {run.step}: {line}; "
@@ -133,7 +139,8 @@ def recover(exc: BaseException) -> bool:
         blocked=None if save_ended else f"rank {run.rank}'s checkpoint save did not end with its groups",
     )
     copy_every = run._control.memory_every
-    decision = _agree(held.store, round_, run, mine)
+    stopped = lambda: run._control.preempt_requested_at is not None  # noqa: E731 - the SIGTERM flag
+    decision = _agree(held.store, round_, run.rank, run.world_size, run.config, mine, stopped)
     if not decision.go:
         print(f"trainflow: no recovery in place: {decision.reason}", file=sys.stderr, flush=True)
         return False
@@ -164,6 +171,7 @@ def restore(run: Run) -> int:
         "rejoin_s": max(0.0, rejoined - pending_round.began - pending_round.abort_s),
         "restore_s": restore_s,
         "copy_every_steps": pending_round.copy_every,
+        "replaced": pending_round.replaced,
     }
     print(
         f"trainflow: rank {run.rank} back at step {decision.restored_step} from its memory copy "
@@ -186,7 +194,85 @@ class Stopped(Exception):
     """A SIGTERM reached the rank while it waited in the round: its attempt is being stopped."""
 
 
-def _agree(store: Any, round_: int, run: Run, mine: Report) -> RoundDecision:
+def join_as_replacement(rank: int, world_size: int, config: Any, reporter: Any, died: dict) -> Pending:
+    """In a rank process started in place of one that died (backends/rank_replacement.py), before
+    its process group: report the death to the round its peers are in, and take the dead one's
+    copies over from the node's shared memory. Returns the round to go on with; a round that is no
+    go ends this process as the dead one ended, by its signal, marked so as not to be replaced again."""
+    global _carried
+    began, t = time.perf_counter(), time.time()
+    store = _job_store(config.collective_timeout_s)
+    folder = rank_copies_folder(rank)
+    copies = MemoryCopies.left_in(folder) if folder is not None else MemoryCopies()
+    round_ = next_round(store)
+    earlier = [_decided(store, number) for number in range(1, round_)]
+    _carried = Carried(reporter=reporter, store=store, copies=copies, decisions=[d for d in earlier if d.go])
+    mine = Report(
+        rank=rank,
+        type=died["signal"],
+        message=f"was killed by {died['signal']} (process {died['pids'][-1]})",
+        step=-1,
+        copies=copies.steps,
+        t=died["t"],
+        outcome=died["outcome"],
+    )
+    print(
+        f"trainflow: rank {rank} starts in place of process {died['pids'][-1]}, killed by {died['signal']}, "
+        f"{max(0.0, t - died['t']):.2f}s after, with its in-memory copies of step(s) {copies.steps or 'none'}; "
+        f"joining round {round_}",
+        file=sys.stderr,
+        flush=True,
+    )
+    decision = _agree(store, round_, rank, world_size, config, mine, lambda: False)
+    if not decision.go:
+        print(f"trainflow: no recovery in place: {decision.reason}", file=sys.stderr, flush=True)
+        if folder is not None:
+            (folder / GAVE_UP).touch()
+        _end_as(died["exitcode"])
+    _carried.decisions.append(decision)
+    since_death = max(0.0, t - died["t"])
+    _carried.pending = Pending(round_, decision, died["t"], 0.0, began - since_death, 0, replaced=True)
+    return _carried.pending
+
+
+def job_store(default_group_store: Any) -> Any:
+    """The store the rounds are agreed in: the job's store (torchrun's) under init_process_group's
+    prefix, as the first default group of every rank process saw it, without that group's own
+    prefix (its name counts the groups a process made). A process started in place of another
+    reaches the same through `_job_store`."""
+    return default_group_store.underlying_store
+
+
+def _job_store(timeout_s: float) -> Any:
+    store, _, _ = next(dist.rendezvous("env://", timeout=timedelta(seconds=timeout_s)))
+    return dist.PrefixStore("default_pg", store)  # as init_process_group wraps it
+
+
+def _end_as(exitcode: int) -> None:
+    """End this process by the signal that ended the one before it: the attempt's outcome is the
+    same as if it had never been replaced."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    number = -exitcode if exitcode < 0 else signal.SIGKILL
+    signal.signal(number, signal.SIG_DFL)
+    os.kill(os.getpid(), number)
+    os._exit(128 + number)  # a signal that does not end a process by default (not one replaced)
+
+
+def next_round(store: Any) -> int:
+    """The number of the round a failure now starts: rank 0 counts them in the job's store, so a
+    process started in place of another's knows it as well as the ranks that were there."""
+    key = f"{ROUND_KEY}/next-round"
+    return int(store.get(key)) if store.check([key]) else 1
+
+
+def _decided(store: Any, round_: int) -> RoundDecision:
+    return RoundDecision.from_dict(json.loads(store.get(f"{ROUND_KEY}/{round_}/decision")))
+
+
+def _agree(
+    store: Any, round_: int, rank: int, world_size: int, config: Any, mine: Report, stopped: Callable[[], bool]
+) -> RoundDecision:
     """Every rank reports; rank 0 waits for all, reads what decides and decides; the others read its
     decision. Every rank, rank 0 too, makes a constant number of store requests.
 
@@ -194,19 +280,19 @@ def _agree(store: Any, round_: int, run: Run, mine: Report) -> RoundDecision:
     agent, or the orchestrator stopping the attempt, sends the others a SIGTERM, which must end
     them now rather than at the end of the wait (the agent kills a worker 30 s after its SIGTERM)."""
     key = f"{ROUND_KEY}/{round_}"
-    wait_s = run.config.collective_timeout_s
-    stopped = lambda: run._control.preempt_requested_at is not None  # noqa: E731 - the SIGTERM flag
+    wait_s = config.collective_timeout_s
     try:
-        report_to_round(store, key, mine, run.world_size)
-        if run.rank == 0:
+        report_to_round(store, key, mine, world_size)
+        if rank == 0:
             wait = lambda names: wait_for(store, names, wait_s, stopped)  # noqa: E731
             decision = decide_for_all(
-                store, key, run.world_size, mine.copies, run.config.in_place_budget, _carried.decisions, wait
+                store, key, world_size, mine.copies, config.in_place_budget, _carried.decisions, wait
             )
+            store.set(f"{ROUND_KEY}/next-round", str(round_ + 1))  # before the decision: see next_round
             store.set(f"{key}/decision", json.dumps(decision.as_dict()))
             return decision
         wait_for(store, [f"{key}/decision"], 2 * wait_s, stopped)  # rank 0 waits for the reports first
-        return RoundDecision.from_dict(json.loads(store.get(f"{key}/decision")))
+        return _decided(store, round_)
     except Stopped:
         return RoundDecision.no_go("the attempt is being stopped (SIGTERM)")
     except (RuntimeError, ValueError, OSError) as exc:  # the store is gone, or the wait ran out

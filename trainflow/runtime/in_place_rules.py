@@ -19,6 +19,9 @@ class Report:
     copies: list[int] = field(default_factory=list)
     t: float = 0.0
     blocked: str | None = None  # why this rank's process cannot go on (a save stuck in a collective)
+    # a rank process's death (CRASHED, KILLED), reported by the process started in its place, which
+    # cannot tell the step it died in (`step` -1); None: an exception, whose outcome its type tells
+    outcome: str | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -62,11 +65,19 @@ def decide_round(
     of the others; `holding`: step -> how many ranks hold a copy of it; `budget`: the recoveries each
     outcome had left at launch; `earlier`: this attempt's rounds; `blocked`: why a rank's process
     cannot go on, if one cannot."""
-    cause = min(causes, key=lambda r: (r.t, r.rank)) if causes else first_symptom
+    # a process's death is never the symptom of another's exception, whichever was reported first
+    deaths = [r for r in causes if r.outcome]
+    cause = min(deaths or causes, key=lambda r: (r.t, r.rank)) if causes else first_symptom
     if cause is None:
         return RoundDecision.no_go("no rank reported what failed")
-    outcome = exception_outcome(cause.type).value
-    reason = f"rank {cause.rank} raised {cause.type} at step {cause.step}: {cause.message}"
+    outcome = cause.outcome or exception_outcome(cause.type).value
+    failed_step = cause.step
+    if failed_step < 0:  # a death: its peers were in the step it died in, or it died after its newest copy
+        failed_step = first_symptom.step if first_symptom is not None else max(holding, default=0) + 1
+    if cause.outcome:
+        reason = f"rank {cause.rank} {cause.message} in step {failed_step}"
+    else:
+        reason = f"rank {cause.rank} raised {cause.type} at step {cause.step}: {cause.message}"
     if blocked:
         return RoundDecision.no_go(f"{blocked}: {reason}")
     if outcome not in budget:
@@ -81,13 +92,13 @@ def decide_round(
     restored = max(everyone)
     if earlier:
         last = earlier[-1]
-        if last.outcome == outcome and last.failed_step == cause.step and last.restored_step == restored:
-            return RoundDecision.no_go(f"crash loop: {outcome} twice at step {cause.step}, stopping ({reason})")
+        if last.outcome == outcome and last.failed_step == failed_step and last.restored_step == restored:
+            return RoundDecision.no_go(f"crash loop: {outcome} twice at step {failed_step}, stopping ({reason})")
     return RoundDecision(
         go=True,
         reason=reason,
         outcome=outcome,
         cause_rank=cause.rank,
-        failed_step=cause.step,
+        failed_step=failed_step,
         restored_step=restored,
     )

@@ -33,7 +33,8 @@ from trainflow.backends.netns import NetworkError, NodeNetwork, cut_node_link
 from trainflow.backends.parent_death import ending_with_this_process
 from trainflow.backends.ports import free_port, is_listening
 from trainflow.backends.processes import describe, job_processes, signal_session, terminate, wait_until_gone
-from trainflow.backends.rank_records import RECORDS_ENV, read_exits, read_ranks, records_path
+from trainflow.backends.rank_records import RECORDS_ENV, read_exits, read_ranks, read_replaced, records_path
+from trainflow.backends.shared_copies import remove_recorded
 from trainflow.backends.store_sockets import LISTEN_FD_ENV, listening_socket
 from trainflow.backends.torchrun_report import failed_ranks_with_evidence, log_tail, root_cause_exitcode
 from trainflow.backends.worker import worker_config
@@ -176,8 +177,12 @@ class LocalLauncher:
             code = proc.poll()
             workers = node_workers(handle, node, proc) if code is None else []
             ended = read_exits(handle.rank_records[node]) if code is None else {}
-            # a worker can start and end between two polls: the agent's record knows it all the same
-            lost = any(c != 0 for c in ended.values()) or any(not alive(w) and ended.get(w.pid) != 0 for w in workers)
+            # a worker can start and end between two polls: the agent's record knows it all the same;
+            # one with a process started in its place (rank_replacement.py) is not lost
+            replaced = read_replaced(handle.rank_records[node]) if code is None else set()
+            lost = any(c != 0 for c in ended.values()) or any(
+                not alive(w) and ended.get(w.pid) != 0 and w.pid not in replaced for w in workers
+            )
             finished = len(ended) == handle.procs_per_node and not any(ended.values())
             worker_code = root_cause_exitcode(handle.logs[node]) if code not in (None, 0) else None
             log_dir = torchrun_log_dir(handle.logs[node].parent, node)
@@ -283,6 +288,7 @@ class LocalLauncher:
             else:
                 report.released_ports.append(port)
         temp_dir = allocation.temp_dir or job_temp_dir(allocation.scratch)
+        report.removed_paths.extend(remove_recorded(allocation.scratch))  # what an agent killed outright left
         report.remove_folder(allocation.scratch)
         if temp_dir is not None:
             report.remove_folder(temp_dir)

@@ -25,6 +25,7 @@ from trainflow.backends.bounded_output import torchrun_log_dir
 from trainflow.backends.netns import cut_node_link
 from trainflow.backends.processes import describe, job_processes
 from trainflow.backends.quick_rendezvous import POLL_ENV, poll_interval_s
+from trainflow.backends.shared_copies import remove_recorded
 from trainflow.backends.slurm import commands
 from trainflow.backends.slurm.allocation import SlurmAllocation, SlurmAttempt
 from trainflow.backends.slurm.batch import batch_script, job_name, sbatch_command
@@ -333,5 +334,6 @@ class SlurmLauncher:
         while (left := job_processes(allocation.run_id)) and time.monotonic() < deadline:
             time.sleep(0.2)
         report.survivors += [describe(p) for p in left]
+        report.removed_paths.extend(remove_recorded(allocation.scratch))  # what an agent killed outright left
         report.remove_folder(allocation.scratch)
         return report
