@@ -1,7 +1,7 @@
 """Sharded training through trainflow: FSDP2, tensor parallel and FSDP2 + TP each train to the
 end, a crash drill on each resumes bit-identically (params_sha256 over the full parameters, the
 same definition whatever the layout), an exception is recovered in place from each rank's memory
-copy of its shards, a permanent node loss reshards to fewer ranks and the node's replacement grows
+copy of its shards and a rank that dies is replaced in place from its copy, a permanent node loss reshards to fewer ranks and the node's replacement grows
 the job back, and the spec's layout reaches the script and is checked against the model it
 registered."""
 
@@ -89,6 +89,27 @@ def test_an_exception_in_a_sharded_layout_is_recovered_in_place_exactly(home_env
     # one attempt: its four rank processes went on, each from its own memory copy of its shards
     assert report["outcomes"] == ["SUCCEEDED"]
     assert (report["ranks_kept"], report["ranks_replaced"]) == (4, 0)
+    assert (report["resumed_from_step"], report["lost_steps"]) == (15, 0)
+    assert report["params_match_baseline"] is True
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("layout, fault", [("fsdp_tp", "crash"), ("hsdp", "kill")])
+def test_a_rank_that_dies_in_a_sharded_layout_is_replaced_in_place_exactly(home_env, layout, fault):
+    report = drill(
+        home_env,
+        fault,
+        "--set",
+        "fault_tolerance.in_process_restart=true",
+        "--set",
+        "checkpoint.memory_every_steps=1",
+        *LAYOUTS[layout],
+    )
+    assert report["passed"] is True, report["broken_rules"]
+    # one attempt: three rank processes went on from their own copies of their shards, the fourth
+    # was started in place of the dead one and took its copies over from the node's shared memory
+    assert report["outcomes"] == ["SUCCEEDED"]
+    assert (report["ranks_kept"], report["ranks_replaced"]) == (3, 1)
     assert (report["resumed_from_step"], report["lost_steps"]) == (15, 0)
     assert report["params_match_baseline"] is True
 

@@ -270,7 +270,9 @@ class Run:
             if checkpoint_due and self._saved_step != step:
                 self.checkpoint()
                 self._saved_step = step
-            if self._copies is not None and self._state is not None and self._control.memory_copy_due(step):
+            # a copy at every checkpoint too: a recovery in place never goes back further than a restart would
+            copy_due = self._copies is not None and (checkpoint_due or self._control.memory_copy_due(step))
+            if copy_due and self._state is not None:
                 took = self._copies.take(step, self._state)
                 self._control.memory_copy_took(took)
                 if self.is_main:  # reported with the next step: what a copy costs, how often one is made
