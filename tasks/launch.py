@@ -101,6 +101,7 @@ def launch_attempt(
     )
     handle = provisioned.launcher.launch(spec, provisioned.allocation, plan)
     handle.pause_at_step = plan.pause_at_step  # the drill's injector waits for every rank there
+    handle.in_place_budget = plan.in_place_budget  # a frozen rank may be replaced in place (watcher.py)
     resumed_from_step = restore_from.step if restore_from else 0
     attempt_run_id = open_attempt_run(provisioned, spec, attempt, handle.started_at, resumed_from_step)
     newer_local = " or a newer node-local copy" if attempt > 1 and spec.checkpoint.local_tier else ""

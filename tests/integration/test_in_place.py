@@ -149,3 +149,30 @@ def test_a_rank_that_dies_before_its_first_memory_copy_falls_back_to_a_full_rest
     assert summary["attempts"][0]["in_place"] == []
     assert "rank 1" in summary["attempts"][0]["reason"] and "SIGKILL" in summary["attempts"][0]["reason"]
     assert job_processes(summary["run_id"]) == []
+
+
+def test_a_frozen_rank_is_ended_and_replaced_in_place_and_its_peers_collective_aborts(cli_env, tmp_path):
+    # the hang drill freezes rank 1 (SIGSTOP) at step 20: rank 0 waits in step 21's all-reduce
+    # until the watcher ends the frozen process, and then fails at once into the round
+    result = run_cli(
+        [
+            "drill",
+            SPEC,
+            "--fault",
+            "hang",
+            "--at-step",
+            "20",
+            "--no-compare-torchrun",
+            *["--set", "workload.steps=40", "--set", "checkpoint.every_steps=10"],
+            *["--set", "fault_tolerance.heartbeat_timeout_s=5", "--set", "fault_tolerance.in_process_restart=true"],
+            "--json",
+        ],
+        cli_env,
+        timeout_s=420,
+    )
+    report = summary_of(result)
+    assert report["passed"] is True, (report["broken_rules"], result.stderr[-3000:])
+    assert report["outcomes"] == ["SUCCEEDED"] and report["detected_kind"] == "HUNG"
+    assert (report["ranks_kept"], report["ranks_replaced"]) == (1, 1)
+    assert (report["resumed_from_step"], report["lost_steps"]) == (20, 0)
+    assert report["params_match_baseline"] is True

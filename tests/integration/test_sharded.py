@@ -1,9 +1,9 @@
 """Sharded training through trainflow: FSDP2, tensor parallel and FSDP2 + TP each train to the
 end, a crash drill on each resumes bit-identically (params_sha256 over the full parameters, the
 same definition whatever the layout), an exception is recovered in place from each rank's memory
-copy of its shards and a rank that dies is replaced in place from its copy, a permanent node loss reshards to fewer ranks and the node's replacement grows
-the job back, and the spec's layout reaches the script and is checked against the model it
-registered."""
+copy of its shards and a rank that dies is replaced in place from its copy, a permanent node loss
+reshards to fewer ranks and the node's replacement grows the job back, and the spec's layout reaches
+the script and is checked against the model it registered."""
 
 from __future__ import annotations
 

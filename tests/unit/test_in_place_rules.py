@@ -134,9 +134,10 @@ RESTART = InPlaceRestart(
 
 def test_the_budget_handed_down_is_what_the_retries_and_the_recoveries_in_place_left():
     policy = FaultTolerance(in_process_restart=True, max_infra_failures=2)
-    # USER_ERROR is not in the default retry_on; a rank's death (CRASHED, KILLED) spends max_restarts
-    assert in_place_budget(policy, []) == {"INFRA": 2, "CRASHED": 3, "KILLED": 3}
-    assert in_place_budget(policy, [result(Outcome.INFRA, [RESTART])]) == {"INFRA": 0, "CRASHED": 3, "KILLED": 3}
+    # USER_ERROR is not in the default retry_on; a rank's death (CRASHED, KILLED, HUNG) spends max_restarts
+    assert in_place_budget(policy, []) == {"INFRA": 2, "CRASHED": 3, "KILLED": 3, "HUNG": 3}
+    deaths = {"CRASHED": 3, "KILLED": 3, "HUNG": 3}
+    assert in_place_budget(policy, [result(Outcome.INFRA, [RESTART])]) == {"INFRA": 0, **deaths}
     users = FaultTolerance(in_process_restart=True, max_user_errors=1, retry_on=[Outcome.USER_ERROR])
     assert in_place_budget(users, []) == {"USER_ERROR": 1}
     assert in_place_budget(FaultTolerance(), []) == {}

@@ -1,5 +1,6 @@
 """The watcher against a real status channel and a stand-in launcher: hangs (heartbeats without
-progress), lost nodes (silence), frozen workers, stragglers, and exits."""
+progress), lost nodes (silence), frozen workers (ended for a replacement in place, where the budget
+allows), stragglers, and exits."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from trainflow.contracts.status_protocol import (
     Finished,
     NodeHello,
     Progress,
+    RestartedInPlace,
     StepEntry,
     Storage,
     encode,
@@ -160,6 +162,103 @@ def test_a_frozen_worker_on_a_live_node_is_a_hang(channel):
         assert result.outcome == Outcome.HUNG and "frozen" in result.reason
     finally:
         alive.close()
+
+
+class EndingLauncher(StandInLauncher):
+    """A frozen rank's node whose agent replaces the ended rank (`replaced`), or fails without."""
+
+    def __init__(self, replaced: bool):
+        super().__init__(2, state="workers-stopped")
+        self.replaced, self.ended = replaced, []
+
+    def end_hung_rank(self, handle, node, pid, reason):
+        self.ended.append((node, pid, reason))
+        self.state = "running"
+        if not self.replaced:  # the agent stops its node, torchrun reporting a rank killed
+            self.exits[node] = NodeExit(node, 1)
+        return True
+
+
+def frozen_rank_watch(channel, launcher: EndingLauncher, on_ended) -> AttemptWatcher:
+    watch = watcher(channel, launcher, heartbeat_timeout_s=0.6, hang_timeout_s=30, startup_timeout_s=20)
+    watch.handle.in_place_budget = {"HUNG": 1}
+    ending = launcher.end_hung_rank
+
+    def end(handle, node, pid, reason):
+        found = ending(handle, node, pid, reason)
+        on_ended()
+        return found
+
+    launcher.end_hung_rank = end
+    return watch
+
+
+def test_a_frozen_rank_is_ended_for_its_replacement_in_place_and_the_attempt_goes_on(channel):
+    alive, frozen = reporter(channel, 0), reporter(channel, 1)
+    launcher, replacement = EndingLauncher(replaced=True), None
+
+    def replace():  # the new process rejoins, and every rank reports the round after its first step
+        nonlocal replacement
+        replacement = StatusReporter(
+            channel.address,
+            channel.token,
+            {"rank": 1, "node": 1, "attempt": 1, "pid": 555, "replaces": [101]},
+            heartbeat_interval_s=0.05,
+            orchestrator_timeout_s=30,
+        )
+        for r in (alive, replacement):
+            r.send(round_report(replaced=r is replacement))
+            r.send(Progress(steps=[StepEntry(step=4, step_time_s=0.01)]))
+            r.send(Finished(step=4, loss=0.5, params_sha256="a" * 64))
+            r.close()
+        launcher.exits = [NodeExit(n, 0) for n in range(2)]  # and the job is done
+
+    try:
+        for r in (alive, frozen):
+            r.send(Progress(steps=[StepEntry(step=3, step_time_s=0.01)]))
+        time.sleep(0.2)
+        frozen.close()
+        result = frozen_rank_watch(channel, launcher, replace).run(poll_s=0.05)
+        assert [(node, pid) for node, pid, _ in launcher.ended] == [(1, 101)]
+        assert "rank 1 on node 1 is frozen" in launcher.ended[0][2]
+        assert result.outcome == Outcome.SUCCEEDED, result.reason
+        (restart,) = result.in_place
+        assert (restart.outcome, restart.ranks_kept, restart.ranks_replaced) == (Outcome.HUNG, 1, 1)
+    finally:
+        for r in (alive, replacement):
+            if r is not None:
+                r.close()
+
+
+def test_a_frozen_rank_ended_but_not_replaced_is_the_hang_it_was_not_a_kill(channel):
+    alive, frozen = reporter(channel, 0), reporter(channel, 1)
+    try:
+        for r in (alive, frozen):
+            r.send(Progress(steps=[StepEntry(step=3, step_time_s=0.01)]))
+        time.sleep(0.2)
+        frozen.close()
+        launcher = EndingLauncher(replaced=False)
+        result = frozen_rank_watch(channel, launcher, lambda: None).run(poll_s=0.05)
+        assert len(launcher.ended) == 1
+        assert result.outcome == Outcome.HUNG and "rank 1 on node 1 is frozen" in result.reason
+    finally:
+        alive.close()
+
+
+def round_report(replaced: bool) -> RestartedInPlace:
+    return RestartedInPlace(
+        round=1,
+        outcome="HUNG",
+        reason="rank 1 was ended frozen (rank 1 on node 1 is frozen while its node is alive; process 101) in step 4",
+        cause_rank=1,
+        failed_step=4,
+        restored_step=3,
+        failed_at=time.time(),
+        abort_s=0.0,
+        rejoin_s=0.1,
+        restore_s=0.001,
+        replaced=replaced,
+    )
 
 
 def test_a_slow_rank_is_reported_as_a_straggler_and_training_goes_on(channel):

@@ -103,6 +103,15 @@ class SignalsRanks(Protocol):
 
 
 @runtime_checkable
+class EndsHungRanks(Protocol):
+    """Can end one rank's frozen process so that its node's agent starts another in its place
+    (backends/rank_replacement.py), the death noted as the hang `reason`; False where the process
+    was gone already."""
+
+    def end_hung_rank(self, handle: AttemptHandle, node: int, pid: int, reason: str) -> bool: ...
+
+
+@runtime_checkable
 class PreemptsNodes(Protocol):
     """Can give one node of an attempt the SIGTERM a scheduler or cloud sends before taking it away."""
 

@@ -56,6 +56,7 @@ class AttemptHandle:
         default_factory=dict
     )  # where each node's agent records its ranks (rank_records)
     pause_at_step: int | None = None  # drills: every rank waits at this step until the fault is in
+    in_place_budget: dict[str, int] = field(default_factory=dict)  # the plan's (AttemptPlan.in_place_budget)
     warm_nodes: int = 0  # nodes whose agent and ranks a standby interpreter forked (warm workers)
 
 

@@ -72,6 +72,17 @@ def _append(path: str, entry: dict) -> None:
         os.close(fd)
 
 
+def note_hung(path: str, pid: int, reason: str) -> None:
+    """A rank the orchestrator found frozen, about to be killed so that a process in its place goes
+    on (rank_replacement.py): its death is the hang `reason`, not a kill."""
+    _append(path, {"hung": pid, "reason": reason})
+
+
+def read_hung(path: Path) -> dict[int, str]:
+    """pid -> why the orchestrator ended it, for every rank it ended as frozen."""
+    return {int(e["hung"]): str(e.get("reason", "")) for e in _entries(path) if isinstance(e.get("hung"), int)}
+
+
 def note_replaced(path: str, pid: int, local_rank: int, code: int) -> None:
     """A rank that died and has a process started in its place: noted before the new one starts, so
     that no reader takes the death for the node's failure."""

@@ -5,7 +5,8 @@ torchrun's agent ends every rank of the node when one fails (its process context
 the same poll that finds the failure), and the attempt ends with it. Here the agent's poll first
 looks for a rank that died by a signal (a crash, a kill: not a stop, and not an exit the script or
 a round chose), whose state a copy in the node's shared memory holds (backends/shared_copies.py),
-and whose outcome has budget left: it starts one process in its place, with the same command and
+and whose outcome has budget left (a rank the orchestrator found frozen and ended is a hang, not
+a kill: it notes that in the node's rank records first): it starts one process in its place, with the same command and
 environment, from the node's warm standby where there is one, and torchrun goes on watching the new
 one. The new process learns what became of the one before it from REPLACES_ENV.
 
@@ -29,6 +30,7 @@ from trainflow.worker_config import GAVE_UP, MEMORY_COPIES_ENV, REPLACES_ENV
 log = logging.getLogger("trainflow.replacement")
 
 STOPPING = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})  # an agent's or a user's stop
+REPLACED_OUTCOMES = ("CRASHED", "KILLED", "HUNG")  # HUNG: a frozen rank the orchestrator ended
 
 
 def outcome_of(exitcode: int) -> str | None:
@@ -63,6 +65,9 @@ class Replacer:
             outcome = None if exitcode is None else outcome_of(exitcode)
             if outcome is None:
                 continue
+            hung = rank_records.read_hung(Path(self.records)).get(handler.proc.pid) if self.records else None
+            if hung is not None:  # the orchestrator ended it frozen (watcher.py): the hang is the cause
+                outcome = "HUNG"
             worker = worker_group.workers[local_rank]
             why_not = self._why_not(worker.global_rank, outcome)
             if why_not:  # torchrun goes on as it would have: the node's other ranks stopped, a failure
@@ -73,7 +78,7 @@ class Replacer:
                 )
                 continue
             self.budget[outcome] -= 1
-            self._replace(pcontext, worker, local_rank, handler, exitcode, outcome)
+            self._replace(pcontext, worker, local_rank, handler, exitcode, outcome, hung)
 
     def _why_not(self, rank: int, outcome: str) -> str | None:
         rank_dir = self.folder / f"rank-{rank}"
@@ -85,7 +90,9 @@ class Replacer:
             return "it died before its first in-memory copy"
         return None
 
-    def _replace(self, pcontext, worker, local_rank: int, handler, exitcode: int, outcome: str) -> None:
+    def _replace(
+        self, pcontext, worker, local_rank: int, handler, exitcode: int, outcome: str, hung: str | None
+    ) -> None:
         from torch.distributed.elastic.multiprocessing import api
 
         pids = self.replaced.setdefault(worker.global_rank, [])
@@ -96,6 +103,7 @@ class Replacer:
             "exitcode": exitcode,
             "signal": signal_name(exitcode),
             "outcome": outcome,
+            "hung": hung,  # why the orchestrator ended it, if it ended it frozen
             "t": time.time(),
         }
         if self.records:
@@ -124,7 +132,7 @@ class Replacer:
 def install_from_environment(budget: dict[str, int]) -> Replacer | None:
     """In the agent, before torchrun starts (after rank_records.install_from_environment): replace
     dead ranks where in-process restart may."""
-    budget = {outcome: left for outcome, left in budget.items() if outcome in ("CRASHED", "KILLED") and left > 0}
+    budget = {outcome: left for outcome, left in budget.items() if outcome in REPLACED_OUTCOMES and left > 0}
     folder = os.environ.get(MEMORY_COPIES_ENV)
     if not budget or not folder:
         return None

@@ -137,8 +137,9 @@ EXPECTED_OUTCOME = {
 }
 DETECTED_WITHOUT_FAILURE = {FaultKind.straggler: "STRAGGLER"}
 # with fault_tolerance.in_process_restart: the faults recovered within their attempt, and how many
-# rank processes are started anew (one in place of the rank that died; none for an exception)
-RECOVERED_IN_PLACE = {FaultKind.exception: 0, FaultKind.crash: 1, FaultKind.kill: 1}
+# rank processes are started anew (one in place of the rank that died, or was frozen and ended;
+# none for an exception)
+RECOVERED_IN_PLACE = {FaultKind.exception: 0, FaultKind.crash: 1, FaultKind.kill: 1, FaultKind.hang: 1}
 
 
 def drill_report(
@@ -351,7 +352,7 @@ def broken_rules(plan: FaultPlan, report: dict, every_steps: int) -> list[str]:
     4. the retry resumed from the newest checkpoint committed before the fault
     5. the final parameters equal the baseline's wherever the world size was kept
     6. a lost node replaced later: the job shrank, then grew back to its size at a checkpoint, losing no step
-    7. in-process restart: the exception, crash or kill was recovered in the attempt, every other rank
+    7. in-process restart: the exception, crash, kill or hang was recovered in the attempt, every other rank
        process kept (the dead one replaced), at most the memory copies' interval lost (one step where
        they come every step)"""
     broken = []

@@ -310,12 +310,12 @@ def budget_used(name: str, policy: FaultTolerance, results: list[AttemptResult])
 
 def in_place_budget(policy: FaultTolerance, results: list[AttemptResult]) -> dict[str, int]:
     """The recoveries in place the next attempt may make, for each outcome a rank's exception (INFRA,
-    USER_ERROR) or a rank process's death (CRASHED, KILLED) can have: what that outcome's budget has
-    left, where retry_on names it (fault_tolerance.in_process_restart)."""
+    USER_ERROR) or a rank process's death (CRASHED, KILLED, or HUNG: a frozen rank ended) can have:
+    what that outcome's budget has left, where retry_on names it (fault_tolerance.in_process_restart)."""
     if not policy.in_process_restart:
         return {}
     left = {}
-    for outcome in (Outcome.INFRA, Outcome.USER_ERROR, Outcome.CRASHED, Outcome.KILLED):
+    for outcome in (Outcome.INFRA, Outcome.USER_ERROR, Outcome.CRASHED, Outcome.KILLED, Outcome.HUNG):
         if outcome in policy.retry_on:
             name, budget = budget_for(outcome, policy)
             left[outcome.value] = max(0, budget - budget_used(name, policy, results))

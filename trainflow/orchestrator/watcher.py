@@ -29,6 +29,7 @@ scripts (`workload.mode: plain`) report nothing, so they are watched by their ex
 
 from __future__ import annotations
 
+import logging
 import queue
 import time
 from collections.abc import Callable
@@ -36,7 +37,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainflow.backends import AttemptHandle, Launcher
-from trainflow.backends.abilities import DescribesNodes, DumpsStacks, KnowsRankProcesses, ProbesNodes
+from trainflow.backends.abilities import (
+    DescribesNodes,
+    DumpsStacks,
+    EndsHungRanks,
+    KnowsRankProcesses,
+    ProbesNodes,
+)
 from trainflow.contracts.evidence import AttemptEvidence, FailedRank, SilentNode, StorageCall
 from trainflow.contracts.status_protocol import Checkpoint, Storage
 from trainflow.orchestrator.attempt_metrics import AttemptMetrics
@@ -61,6 +68,19 @@ METRICS_FLUSH_S = 1.0
 # after a worker dies its agent stops the node's other workers and exits with its failure report,
 # within a second or two; on a loaded machine it can take much longer, and nothing is decided before
 AGENT_EXIT_WAIT_S = 60.0
+log = logging.getLogger("trainflow.watcher")
+
+
+@dataclass
+class HangInPlace:
+    """A frozen rank the watcher ended so that its node's agent starts another process in its place
+    (fault_tolerance.in_process_restart): the hang's verdict, kept until the round recovers it."""
+
+    verdict: AttemptResult
+    rounds: int  # the recoveries in place recorded when it was ended
+    since: float
+
+
 # an exited process's sockets are closed by its kernel; one that stays open belongs to a node whose
 # network went with it, and is not waited for longer than this
 CHANNEL_DRAIN_WAIT_S = 10.0
@@ -120,6 +140,8 @@ class AttemptWatcher:
         self._storage_error = ""  # the last failed checkpoint's reason
         self._leaving_since: float | None = None
         self._done_since: float | None = None  # when the first node was through with the job
+        self._hang_in_place: HangInPlace | None = None
+        self._hangs_ended = 0
 
     def run(self, poll_s: float = 0.1) -> AttemptResult:
         try:
@@ -143,6 +165,10 @@ class AttemptWatcher:
         # summary: what a starved reader has not read yet is no silence of the workers
         seen = min(now, self.channel.read_through())
         status = self.channel.summary()
+        if self._hang_in_place is not None:
+            verdict = self._follow_hang_in_place(self._hang_in_place, exits, now)
+            if verdict is not None or self._hang_in_place is not None:
+                return verdict  # nothing else is judged while a frozen rank's replacement rejoins
         if any(e.failing for e in exits) or all(not e.running for e in exits):
             verdict = self._ended_by_exit(exits, now)
             if verdict is not None:
@@ -190,7 +216,8 @@ class AttemptWatcher:
             evidence = AttemptEvidence(silent_node=silent)
             if state == "workers-stopped":
                 reason = f"rank {rank} on node {node} is frozen while its node is alive"
-                return self._hung(reason, full, now, last_seen, evidence)
+                verdict = self._hung(reason, full, now, last_seen, evidence)
+                return None if self._end_in_place(verdict, rank, node, full, now) else verdict
             reason = f"node {node} (rank {rank}) silent for {seen - last_seen:.1f}s without exiting ({state})"
             return self._result(Outcome.NODE_LOST, reason, full, now, last_seen, evidence)
 
@@ -347,6 +374,33 @@ class AttemptWatcher:
     ) -> AttemptResult:
         evidence.stacks = self._stacks(status, nodes)
         return self._result(Outcome.HUNG, reason, status, detected_at, failed_at, evidence)
+
+    def _end_in_place(self, verdict: AttemptResult, rank: int, node: int, status: AttemptStatus, now: float) -> bool:
+        """With in-process restart and a hang's recovery left in the budget: end the frozen rank's
+        process, noted as this hang, and let its node's agent start another in its place; its peers,
+        blocked in a collective with it, then fail at once and go back to their memory copies."""
+        left = self.handle.in_place_budget.get(Outcome.HUNG.value, 0) - self._hangs_ended
+        ranked = status.ranks.get(rank)
+        if left <= 0 or ranked is None or ranked.pid is None or not isinstance(self.launcher, EndsHungRanks):
+            return False
+        if not self.launcher.end_hung_rank(self.handle, node, ranked.pid, verdict.reason):
+            return False
+        self._hangs_ended += 1
+        self._hang_in_place = HangInPlace(verdict, len(status.in_place), now)
+        log.warning("%s: process %d ended, to be replaced in place", verdict.reason, ranked.pid)
+        return True
+
+    def _follow_hang_in_place(self, pending: HangInPlace, exits, now: float) -> AttemptResult | None:
+        """The hang's verdict once its recovery in place cannot happen: a node's agent ended with a
+        failure (the rank was not replaced, or its round was no go), or no round recovered it within
+        the time a new rank process has to report; None meanwhile, and once a round did."""
+        if len(self.channel.snapshot().in_place) > pending.rounds:
+            self._hang_in_place = None
+            return None
+        if any(e.returncode not in (None, 0) for e in exits) or now - pending.since > self.limits.startup_timeout_s:
+            self._hang_in_place = None
+            return pending.verdict
+        return None
 
     def _probe(self, node: int) -> str:
         return self.launcher.probe(self.handle, node) if isinstance(self.launcher, ProbesNodes) else "unknown"

@@ -210,7 +210,11 @@ def join_as_replacement(rank: int, world_size: int, config: Any, reporter: Any, 
     mine = Report(
         rank=rank,
         type=died["signal"],
-        message=f"was killed by {died['signal']} (process {died['pids'][-1]})",
+        message=(
+            f"was ended frozen ({died['hung']}; process {died['pids'][-1]})"
+            if died.get("hung")
+            else f"was killed by {died['signal']} (process {died['pids'][-1]})"
+        ),
         step=-1,
         copies=copies.steps,
         t=died["t"],
