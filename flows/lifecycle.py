@@ -102,11 +102,11 @@ def run_lifecycle(spec: RunSpec, resume: bool, chaos: list[FaultPlan] | None, ru
         attempt_spec, results, snapshots, injections = None, [], [], []  # None: the run's own spec
         for attempt in count(1):
             faults = [plan for plan in chaos or [] if plan.attempt == attempt]
-            # the workers wait there for the fault; a fault at a time (plain scripts) has no step to wait at
-            gate = min((plan.at_step for plan in faults if plan.at_s is None), default=None)
+            # the workers wait at each fault's step; a fault at a time (plain scripts) has no step to wait at
+            gates = tuple(sorted({plan.at_step for plan in faults if plan.at_s is None}))
             # the recoveries in place its ranks may make: what the retry budgets have left
             in_place = in_place_budget(spec.fault_tolerance, results)
-            launched = launch_attempt(ready, attempt, opaque(attempt_spec), opaque(restore_from), gate, in_place)
+            launched = launch_attempt(ready, attempt, opaque(attempt_spec), opaque(restore_from), gates, in_place)
             injecting = [inject_fault.submit(launched, opaque(plan)) for plan in faults]
             # watch in the background; meanwhile snapshot each commit it passes on, until it ends
             # (the feed ends with the task, whether it returned or raised)

@@ -79,11 +79,11 @@ def launch_attempt(
     attempt: int,
     spec: RunSpec | None,
     restore_from: Committed | None,
-    pause_at_step: int | None = None,
+    pause_at_steps: tuple[int, ...] = (),
     in_place_budget: dict[str, int] | None = None,
 ) -> Launched:
     """Start every node of attempt `attempt` with `spec` (None: the run's own), resuming from
-    `restore_from` when given; with `pause_at_step`, the workers wait there for a drill's fault;
+    `restore_from` when given; with `pause_at_steps`, the workers wait at each for a drill's fault;
     `in_place_budget`: the recoveries in place its ranks may make, by outcome."""
     provisioned = ready.provisioned
     record = provisioned.record
@@ -96,11 +96,11 @@ def launch_attempt(
         code_version=code_version(ready.environment),
         restore_prefix=restore_from.prefix if restore_from else None,
         # only where the orchestrator and the workers share the run's scratch folder
-        pause_at_step=pause_at_step if isinstance(provisioned.launcher, SharesScratch) else None,
+        pause_at_steps=tuple(pause_at_steps) if isinstance(provisioned.launcher, SharesScratch) else (),
         in_place_budget=dict(in_place_budget or {}),
     )
     handle = provisioned.launcher.launch(spec, provisioned.allocation, plan)
-    handle.pause_at_step = plan.pause_at_step  # the drill's injector waits for every rank there
+    handle.pause_at_steps = plan.pause_at_steps  # the drill's injector waits for every rank there
     handle.in_place_budget = plan.in_place_budget  # a frozen rank may be replaced in place (watcher.py)
     resumed_from_step = restore_from.step if restore_from else 0
     attempt_run_id = open_attempt_run(provisioned, spec, attempt, handle.started_at, resumed_from_step)

@@ -45,7 +45,8 @@ class WorkerConfig:
     keep_every_steps: int = 0  # checkpoint.keep_every_steps: these steps are always snapshotted
     local_tier: bool = True  # checkpoint.local_tier: save to node-local disk first, restore from it
     buddy_copies: bool = True  # checkpoint.buddy_copies: each node's local files also on the next node
-    pause_at_step: int | None = None  # drills: wait here until `fault_gate` exists (the fault is in)
+    # drills: wait after each of these steps until its gate (`step_gate(fault_gate, step)`) exists
+    pause_at_steps: tuple[int, ...] = ()
     fault_gate: str | None = None
     parallel_strategy: str = "ddp"  # parallel.strategy; the data degree follows from the world size
     tensor_degree: int = 1  # parallel.tensor
@@ -97,8 +98,13 @@ def rank_copies_folder(rank: int) -> Path | None:
 
 
 def fault_gate_path(scratch: Path, attempt: int) -> Path:
-    """The file a drill creates once its fault is in, releasing the ranks waiting at the fault's step."""
+    """Where an attempt's fault gates are named from (`step_gate`)."""
     return scratch / f"fault-gate-{attempt}"
+
+
+def step_gate(gate: Path, step: int) -> Path:
+    """The file a drill creates once its fault at `step` is in, releasing the ranks waiting there."""
+    return gate.with_name(f"{gate.name}-step-{step}")
 
 
 def gate_arrival_path(gate: Path, rank: int) -> Path:

@@ -126,7 +126,7 @@ class Job:
                     restore_prefix=restore_prefix,
                     snapshot_every_s=self.snapshot_every_s,
                     local_tier=self.local_tier,
-                    pause_at_step=self.pause_at_step,
+                    pause_at_steps=(self.pause_at_step,) if self.pause_at_step else (),
                     fault_gate=str(fault_gate_path(folder.parent, self.attempts)) if self.pause_at_step else None,
                 )
                 path = config.write(folder / f"node-{node}.json")

@@ -24,7 +24,7 @@ from trainflow.backends.local.launcher import LocalLauncher
 from trainflow.checkpoint.manifest import MANIFEST_NAME, Manifest
 from trainflow.drills.chaos import FaultKind, FaultPlan, Injection
 from trainflow.drills.drill import last_finished_save
-from trainflow.worker_config import fault_gate_path, gate_arrival_path
+from trainflow.worker_config import fault_gate_path, gate_arrival_path, step_gate
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +67,7 @@ def test_a_gated_fault_waits_for_the_save_before_the_faults_step(tmp_path, s3, s
         pause_at_step=FAULT_STEP,
     )
     manifest_key = f"{key_prefix(uri)}/{job.run_id}/step-{FAULT_STEP - EVERY:08d}/{MANIFEST_NAME}"
-    gate = fault_gate_path(tmp_path / job.run_id, 1)
+    gate = step_gate(fault_gate_path(tmp_path / job.run_id, 1), FAULT_STEP)
     seen: dict = {}
 
     real_wait_at_gate = chaos.wait_at_gate
@@ -82,7 +82,7 @@ def test_a_gated_fault_waits_for_the_save_before_the_faults_step(tmp_path, s3, s
     monkeypatch.setattr(chaos, "wait_at_gate", release_then_wait_at_gate)
 
     def inject_crash(channel) -> None:
-        handle = AttemptHandle(attempt=1, nodes=2, started_at=time.time(), logs={}, pause_at_step=FAULT_STEP)
+        handle = AttemptHandle(attempt=1, nodes=2, started_at=time.time(), logs={}, pause_at_steps=(FAULT_STEP,))
         allocation = Allocation(run_id=job.run_id, backend="local", nodes=2, scratch=tmp_path / job.run_id)
         plan = FaultPlan(kind=FaultKind.crash, at_step=FAULT_STEP, rank=1)
         try:

@@ -13,12 +13,13 @@ from trainflow.drills.soak import plan_faults, render_confusion, soak_kinds, soa
 from trainflow.runspec import RunSpec, SpecError
 
 
-def spec(steps: int = 600, every: int = 20, uri: str = "checkpoints/soak") -> RunSpec:
+def spec(steps: int = 600, every: int = 20, uri: str = "checkpoints/soak", in_place: bool = False) -> RunSpec:
     return RunSpec.model_validate(
         {
             "name": "soak",
             "workload": {"entrypoint": "examples/digits/train.py", "steps": steps},
             "checkpoint": {"every_steps": every, "uri": uri},
+            "fault_tolerance": {"in_process_restart": in_place},
         }
     )
 
@@ -88,6 +89,46 @@ def test_the_report_counts_detections_and_names_what_went_wrong():
     assert [a["attempt"] for a in report["unexplained_attempts"]] == [3]
     assert [a["attempt"] for a in report["successes_recorded_as_failures"]] == [3]
     assert report["params_match_baseline"] is False and report["leftovers"] == ["pid 7 (python)"]
+
+
+def test_with_in_process_restart_a_fault_recovered_in_place_leaves_the_next_in_its_attempt():
+    kinds = [FaultKind.crash, FaultKind.preempt, FaultKind.exception, FaultKind.hang, FaultKind.kill]
+    plans = plan_faults(spec(in_place=True), 10, seed=2, kinds=kinds)
+    attempt = 1
+    for plan in plans:  # only a preemption ends its attempt
+        assert plan.attempt == attempt, plans
+        attempt += plan.kind == FaultKind.preempt
+    assert [p.attempt for p in plan_faults(spec(), 10, seed=2, kinds=kinds[:2] + kinds[3:])] == list(range(1, 11))
+
+
+def test_the_report_reads_a_fault_recovered_in_place_from_its_attempts_round():
+    plans = plan_faults(spec(in_place=True), 3, seed=0, kinds=[FaultKind.crash, FaultKind.kill, FaultKind.preempt])
+    by_kind = {p.kind: p for p in plans}
+    injected = [{"injected": True, "detail": {"step": p.at_step}} for p in plans]
+    rounds = [
+        {"outcome": {"crash": "CRASHED", "kill": "KILLED"}[p.kind.value], "lost_steps": 1, "restored_step": p.at_step}
+        for p in plans
+        if p.kind != FaultKind.preempt
+    ]
+    preempted = by_kind[FaultKind.preempt].attempt
+    attempts = []
+    for number in range(1, 3):
+        ends = "PREEMPTED" if number == preempted else "SUCCEEDED"
+        mine = [r for p, r in zip([p for p in plans if p.kind != FaultKind.preempt], rounds) if p.attempt == number]
+        attempts.append({**row(number, ends, 0, 600 if ends == "SUCCEEDED" else 100), "in_place": mine})
+    summary = {"status": "succeeded", "params_sha256": "x", "total_steps": 600, "faults": injected}
+    report = soak_report(plans, {**summary, "attempts": attempts}, {"params_sha256": "x"}, [], every_steps=20)
+    assert report["passed"] is True, report
+    assert sorted((f["kind"], f["in_place"]) for f in report["per_fault"]) == [
+        ("crash", True),
+        ("kill", True),
+        ("preempt", False),
+    ]
+    # a round no fault explains is unexplained, as a failed attempt is
+    spare = {"outcome": "CRASHED", "lost_steps": 0, "restored_step": 5, "round": 9}
+    attempts[-1] = {**attempts[-1], "in_place": [*attempts[-1]["in_place"], spare]}
+    report = soak_report(plans, {**summary, "attempts": attempts}, {"params_sha256": "x"}, [], every_steps=20)
+    assert report["passed"] is False and [a.get("round") for a in report["unexplained_attempts"]] == [9]
 
 
 def test_kinds_that_cannot_run_here_are_left_out_with_a_reason_or_refused_when_asked_for(monkeypatch):

@@ -37,7 +37,7 @@ class AttemptPlan:
     status_token: str
     code_version: str
     restore_prefix: str | None
-    pause_at_step: int | None = None  # drills: every rank waits at this step until the fault is in
+    pause_at_steps: tuple[int, ...] = ()  # drills: every rank waits at each until its fault is in
     # recoveries in place each exception outcome has left in its budget (failures.in_place_budget)
     in_place_budget: dict[str, int] = field(default_factory=dict)
 
@@ -55,7 +55,7 @@ class AttemptHandle:
     rank_records: dict[int, Path] = field(
         default_factory=dict
     )  # where each node's agent records its ranks (rank_records)
-    pause_at_step: int | None = None  # drills: every rank waits at this step until the fault is in
+    pause_at_steps: tuple[int, ...] = ()  # drills: every rank waits at each until its fault is in
     in_place_budget: dict[str, int] = field(default_factory=dict)  # the plan's (AttemptPlan.in_place_budget)
     warm_nodes: int = 0  # nodes whose agent and ranks a standby interpreter forked (warm workers)
 

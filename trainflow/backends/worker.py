@@ -35,9 +35,9 @@ def worker_config(spec: RunSpec, run_id: str, plan: AttemptPlan, node: int, node
         keep_every_steps=spec.checkpoint.keep_every_steps,
         local_tier=spec.checkpoint.local_tier,
         buddy_copies=spec.checkpoint.buddy_copies and spec.checkpoint.local_tier,
-        pause_at_step=plan.pause_at_step,
-        # node scratch folders sit side by side in the run's scratch, where the drill opens the gate
-        fault_gate=str(fault_gate_path(node_scratch.parent, plan.attempt)) if plan.pause_at_step else None,
+        pause_at_steps=plan.pause_at_steps,
+        # node scratch folders sit side by side in the run's scratch, where the drill opens the gates
+        fault_gate=str(fault_gate_path(node_scratch.parent, plan.attempt)) if plan.pause_at_steps else None,
         parallel_strategy=spec.parallel.strategy.value,
         tensor_degree=spec.parallel.tensor,
         pipeline_degree=spec.parallel.pipeline,

@@ -29,7 +29,13 @@ from trainflow.checkpoint.catalog import list_committed
 from trainflow.checkpoint.storage import Storage, open_storage
 from trainflow.drills.storage_proxy import relay_on
 from trainflow.orchestrator.status import StatusServer
-from trainflow.worker_config import EXCEPTION_SIGNAL, fault_gate_path, gate_arrival_path, gate_signal_path
+from trainflow.worker_config import (
+    EXCEPTION_SIGNAL,
+    fault_gate_path,
+    gate_arrival_path,
+    gate_signal_path,
+    step_gate,
+)
 
 
 class FaultKind(str, Enum):
@@ -193,12 +199,12 @@ def inject(
     try:
         return _inject(plan, launcher, handle, channel, allocation, checkpoint_uri, world_size, timeout_s)
     finally:
-        open_gate(allocation, handle)
+        open_gate(allocation, handle, plan.at_step)
 
 
-def open_gate(allocation: Allocation, handle: AttemptHandle) -> None:
+def open_gate(allocation: Allocation, handle: AttemptHandle, step: int) -> None:
     """Let the ranks waiting at the fault's step go on (see `trainflow.runtime.fault_gate.wait_for_fault`)."""
-    gate = fault_gate_path(allocation.scratch, handle.attempt)
+    gate = step_gate(fault_gate_path(allocation.scratch, handle.attempt), step)
     if gate.parent.exists():
         gate.touch()
 
@@ -223,8 +229,8 @@ def _inject(
     # a rank reports a checkpoint step before that step's save waits for the previous save; at the
     # gate it has waited, so the fault never lands while the save before the step's own is unfinished
     at_gate = False
-    gate = fault_gate_path(allocation.scratch, handle.attempt)
-    if handle.pause_at_step == plan.at_step:
+    gate = step_gate(fault_gate_path(allocation.scratch, handle.attempt), plan.at_step)
+    if plan.at_step in handle.pause_at_steps:
         at_gate = wait_at_gate(gate, handle, world_size, max(0.0, deadline - time.monotonic()))
         if not at_gate and attempt_ended(handle):
             record.detail["skipped"] = f"the attempt ended before every rank stood at step {plan.at_step}"
@@ -241,7 +247,7 @@ def _inject(
         if kind == FaultKind.straggler:
             record.injected_at = time.time()
             record.injected = True
-            open_gate(allocation, handle)  # the slowing down is the fault: training goes on under it
+            open_gate(allocation, handle, plan.at_step)  # the slowing down is the fault: training goes on under it
             _slow_down(launcher, allocation, pid, plan.duration_s, handle)
             return record
         sig = {

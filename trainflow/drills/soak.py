@@ -1,10 +1,12 @@
 """A soak: one longer job with many faults of every kind at random steps, and how each was read.
 
-Fault i goes into attempt i + 1, at a random step of its own slice of the job, so every attempt
-resumes before the next fault's step. Every kind soaked ends the attempt it breaks: a lost node
-comes back for the next attempt (as a replaced node would), so the world size, and with it the
-exactness of every later resume, is kept; a storage outage is an endpoint that stops answering
-for longer than the hang timeout; a damaged checkpoint is passed over at the restore after a SIGKILL.
+Fault i goes at a random step of its own slice of the job, so every attempt resumes before the next
+fault's step. A fault that ends its attempt moves the next fault into the next attempt; with
+fault_tolerance.in_process_restart, a crash, a kill, a hang or an exception is recovered within its
+attempt (a round in place), and the next fault goes into the same attempt. A lost node comes back
+for the next attempt (as a replaced node would), so the world size, and with it the exactness of
+every later resume, is kept; a storage outage is an endpoint that stops answering for longer than
+the hang timeout; a damaged checkpoint is passed over at the restore after a SIGKILL.
 The report is a confusion matrix (injected kind x detected outcome), the steps each fault lost,
 whether the final parameters equal a fault-free baseline's, what was left behind, and every
 failed attempt no fault explains.
@@ -20,7 +22,7 @@ from collections import Counter
 
 from trainflow.backends import launcher_for
 from trainflow.drills.chaos import FaultKind, FaultPlan, backend_inability
-from trainflow.drills.drill import EXPECTED_OUTCOME, lost_steps_limit
+from trainflow.drills.drill import EXPECTED_OUTCOME, RECOVERED_IN_PLACE, lost_steps_limit
 from trainflow.orchestrator.watcher import HANG_FLOOR_S
 from trainflow.runspec import RunSpec, SpecError
 
@@ -37,8 +39,10 @@ SOAK_KINDS = (
 SOAK_EXPECTED = {**EXPECTED_OUTCOME, FaultKind.storage_outage: "INFRA"}
 NEVER_SOAKED = {
     FaultKind.straggler: "training goes on under it, no attempt ends; `trainflow drill --fault straggler` scores it",
-    FaultKind.exception: "with fault_tolerance.in_process_restart no attempt ends; `trainflow drill --fault "
-    "exception` scores it",
+}
+IN_PLACE_ONLY = {
+    FaultKind.exception: "soaked with fault_tolerance.in_process_restart, which recovers it within its attempt; "
+    "without it `trainflow drill --fault exception` scores it",
 }
 OUTAGE_PAST_HANG_S = 15.0  # a storage outage outlasts the hang timeout by this much: it must end the attempt
 
@@ -64,8 +68,10 @@ def soak_kinds(spec: RunSpec, wanted: list[FaultKind] | None = None) -> tuple[li
             "with an s3:// checkpoint.uri: nodes in network namespaces cannot reach "
             "the S3 endpoint on this host's loopback; soak it with a local checkpoint.uri"
         )
+    if not spec.fault_tolerance.in_process_restart:
+        missing.update(IN_PLACE_ONLY)
     launcher = launcher_for(spec)
-    for kind in SOAK_KINDS:  # what the backend cannot inject outranks every other reason
+    for kind in (*SOAK_KINDS, *IN_PLACE_ONLY):  # what the backend cannot inject outranks every other reason
         if inability := backend_inability(kind, launcher):
             missing[kind] = inability
     if wanted:
@@ -73,7 +79,7 @@ def soak_kinds(spec: RunSpec, wanted: list[FaultKind] | None = None) -> tuple[li
             if kind in NEVER_SOAKED or kind in missing:
                 raise SpecError(f"--kinds {kind.value}: {(NEVER_SOAKED | missing)[kind]}")
         return list(dict.fromkeys(wanted)), {}
-    kinds = [k for k in SOAK_KINDS if k not in missing]
+    kinds = [k for k in (*SOAK_KINDS, *IN_PLACE_ONLY) if k not in missing]
     return kinds, {k.value: reason for k, reason in (NEVER_SOAKED | missing).items()}
 
 
@@ -110,24 +116,24 @@ def plan_faults(spec: RunSpec, faults: int, seed: int, kinds: list[FaultKind] | 
     kinds = list(kinds or [k for k in SOAK_KINDS if k not in (FaultKind.node_loss, FaultKind.storage_outage)])
     rng.shuffle(kinds)
     outage_s = (spec.fault_tolerance.hang_timeout_s or HANG_FLOOR_S) + OUTAGE_PAST_HANG_S
-    plans = []
+    plans, attempt = [], 1
     for index in range(faults):
         low = (index + 1) * slice_steps + every  # past the checkpoint the previous attempt resumes from
         step = rng.randint(low, (index + 2) * slice_steps - 1)
         rank = rng.randrange(spec.world_size)
         node = rng.randrange(spec.resources.nodes)
+        kind = kinds[index % len(kinds)]
         plans.append(
-            FaultPlan(
-                kind=kinds[index % len(kinds)],
-                attempt=index + 1,
-                at_step=step,
-                rank=rank,
-                node=node,
-                duration_s=outage_s,
-                stall=True,
-            )
+            FaultPlan(kind=kind, attempt=attempt, at_step=step, rank=rank, node=node, duration_s=outage_s, stall=True)
         )
+        if not in_place(spec, kind):
+            attempt += 1
     return plans
+
+
+def in_place(spec: RunSpec, kind: FaultKind) -> bool:
+    """Whether a fault of `kind` is recovered within its attempt in this spec's job."""
+    return spec.fault_tolerance.in_process_restart and kind in RECOVERED_IN_PLACE
 
 
 def damaged_step(injection: dict) -> int | None:
@@ -137,16 +143,27 @@ def damaged_step(injection: dict) -> int | None:
 
 
 def soak_report(plans: list[FaultPlan], summary: dict, baseline: dict, leftovers: list[str], every_steps: int) -> dict:
-    """The soak's figures from the faulted run's summary and the baseline."""
+    """The soak's figures from the faulted run's summary and the baseline. A fault of a kind
+    recovered in place is read from the next round in place of its attempt, where there is one;
+    any other, or one whose attempt had no round left for it, from its attempt's end."""
     attempts = summary.get("attempts", [])
     injections = summary.get("faults", [])
+    by_attempt = {a["attempt"]: a for a in attempts}
+    rounds_left = {a["attempt"]: list(a.get("in_place") or []) for a in attempts}
     matrix: Counter = Counter()
     per_fault = []
     for index, plan in enumerate(plans):
         injection = injections[index] if index < len(injections) else {}
-        row = attempts[index] if index < len(attempts) else None
-        retry = attempts[index + 1] if index + 1 < len(attempts) else None
-        detected = row["outcome"] if row else None
+        row = by_attempt.get(plan.attempt)
+        rounds = rounds_left.get(plan.attempt) or []
+        round_ = rounds.pop(0) if plan.kind in RECOVERED_IN_PLACE and rounds else None
+        if round_ is not None:
+            detected, lost, resumed = round_["outcome"], round_["lost_steps"], round_["restored_step"]
+        else:
+            retry = by_attempt.get(plan.attempt + 1)
+            detected = row["outcome"] if row else None
+            lost = row["lost_steps"] if row else None
+            resumed = retry["resumed_from_step"] if retry else None
         matrix[(plan.kind.value, detected)] += 1
         fault = {
             "kind": plan.kind.value,
@@ -157,8 +174,9 @@ def soak_report(plans: list[FaultPlan], summary: dict, baseline: dict, leftovers
             "injected_at_step": (injection.get("detail") or {}).get("step"),
             "detected": detected,
             "expected": SOAK_EXPECTED[plan.kind],
-            "lost_steps": row["lost_steps"] if row else None,
-            "resumed_from_step": retry["resumed_from_step"] if retry else None,
+            "in_place": round_ is not None,
+            "lost_steps": lost,
+            "resumed_from_step": resumed,
         }
         if plan.kind == FaultKind.corrupt_checkpoint:
             # found at the restore: the retry resumes from any checkpoint but the damaged one (a newer
@@ -171,7 +189,11 @@ def soak_report(plans: list[FaultPlan], summary: dict, baseline: dict, leftovers
             )
         per_fault.append(fault)
     failed_attempts = [a for a in attempts if a["outcome"] != "SUCCEEDED"]
-    unexplained = [a for a in failed_attempts if a["attempt"] > len(plans)]
+    # every failed attempt is a fault's that ended it, and every round in place a fault's
+    ended_by_faults = {f["attempt"] for f in per_fault if not f["in_place"]}
+    unexplained = [a for a in failed_attempts if a["attempt"] not in ended_by_faults] + [
+        {"attempt": number, **round_} for number, rounds in sorted(rounds_left.items()) for round_ in rounds
+    ]
     total = summary.get("total_steps")
     # an attempt that trained to the last step and still counts as failed (a lingering agent, once)
     successes_as_failures = [a for a in failed_attempts if total is not None and a["last_step"] >= total]

@@ -58,7 +58,7 @@ from trainflow.runtime.resources import ResourceSampler
 from trainflow.runtime.sharding import layout_warnings, replicated_dims
 from trainflow.runtime.state import full_params_sha256, seed_everything
 from trainflow.runtime.step_reports import StepReports
-from trainflow.worker_config import REPLACES_ENV, WorkerConfig
+from trainflow.worker_config import REPLACES_ENV, WorkerConfig, step_gate
 
 __all__ = ["ResumableLoader", "Run", "init"]
 
@@ -277,10 +277,10 @@ class Run:
                 self._control.memory_copy_took(took)
                 if self.is_main:  # reported with the next step: what a copy costs, how often one is made
                     self._metrics.update(memory_copy_s=took, memory_copy_every_steps=self._control.memory_every)
-            if step == self.config.pause_at_step:
+            if step in self.config.pause_at_steps:
                 self._flush_progress()
                 wait_for_fault(
-                    Path(self.config.fault_gate),
+                    step_gate(Path(self.config.fault_gate), step),
                     self.rank,
                     step,
                     signalled=lambda: self._control.preempt_requested_at is not None,
