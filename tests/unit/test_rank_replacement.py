@@ -54,8 +54,12 @@ def test_why_a_death_is_not_replaced(tmp_path):
     assert replacer._why_not(0, "CRASHED") == "the round its last replacement joined was no go"
 
 
-def test_a_rank_the_orchestrator_ended_frozen_is_read_as_its_hang(tmp_path):
+def test_a_rank_the_orchestrator_ended_is_read_with_why_and_whether_for_a_hang(tmp_path):
     path = tmp_path / "node-1.ranks"
-    rank_records.note_hung(str(path), 77, "rank 3 on node 1 is frozen while its node is alive")
-    assert rank_records.read_hung(path) == {77: "rank 3 on node 1 is frozen while its node is alive"}
+    rank_records.note_ended(str(path), 77, "rank 3 on node 1 is frozen while its node is alive", hang=True)
+    rank_records.note_ended(str(path), 78, "the drill's corrupt checkpoint", hang=False)
+    assert rank_records.read_ended(path) == {
+        77: ("rank 3 on node 1 is frozen while its node is alive", True),
+        78: ("the drill's corrupt checkpoint", False),
+    }
     assert rank_records.read_exits(path) == {}

@@ -171,7 +171,7 @@ class EndingLauncher(StandInLauncher):
         super().__init__(2, state="workers-stopped")
         self.replaced, self.ended = replaced, []
 
-    def end_hung_rank(self, handle, node, pid, reason):
+    def end_rank(self, handle, node, pid, reason, hang):
         self.ended.append((node, pid, reason))
         self.state = "running"
         if not self.replaced:  # the agent stops its node, torchrun reporting a rank killed
@@ -182,14 +182,15 @@ class EndingLauncher(StandInLauncher):
 def frozen_rank_watch(channel, launcher: EndingLauncher, on_ended) -> AttemptWatcher:
     watch = watcher(channel, launcher, heartbeat_timeout_s=0.6, hang_timeout_s=30, startup_timeout_s=20)
     watch.handle.in_place_budget = {"HUNG": 1}
-    ending = launcher.end_hung_rank
+    ending = launcher.end_rank
 
-    def end(handle, node, pid, reason):
-        found = ending(handle, node, pid, reason)
+    def end(handle, node, pid, reason, hang):
+        assert hang  # to be replaced in place, its death the hang
+        found = ending(handle, node, pid, reason, hang)
         on_ended()
         return found
 
-    launcher.end_hung_rank = end
+    launcher.end_rank = end
     return watch
 
 

@@ -103,12 +103,13 @@ class SignalsRanks(Protocol):
 
 
 @runtime_checkable
-class EndsHungRanks(Protocol):
-    """Can end one rank's frozen process so that its node's agent starts another in its place
-    (backends/rank_replacement.py), the death noted as the hang `reason`; False where the process
-    was gone already."""
+class EndsRanks(Protocol):
+    """Can kill one rank's process, noted first for its node's agent (backends/rank_replacement.py)
+    with `reason`: with `hang`, a frozen rank, which the agent replaces in place, its death the
+    hang; without, one the agent must not replace (the attempt ends). False where the process was
+    gone already."""
 
-    def end_hung_rank(self, handle: AttemptHandle, node: int, pid: int, reason: str) -> bool: ...
+    def end_rank(self, handle: AttemptHandle, node: int, pid: int, reason: str, hang: bool) -> bool: ...
 
 
 @runtime_checkable

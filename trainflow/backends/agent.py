@@ -17,7 +17,11 @@ Before torchrun starts the script, the agent sets the attempt's environment and 
 script's own checkpoint folder; node 0's agent copies that folder to the checkpoint store while the
 script runs (plain_node.py). Before it exits, no worker is left running under it
 (leftover_workers.py). Each rank runs its script through script_main.py, which keeps a
-`sys.exit("why")` message where torchrun's failure report reads it."""
+`sys.exit("why")` message where torchrun's failure report reads it.
+
+With in-process restart, the agent makes the node's shared-memory folder for its ranks' in-memory
+copies (shared_copies.py, removed as it exits), and a rank process that dies is replaced in place
+rather than ending the node (rank_replacement.py)."""
 
 from __future__ import annotations
 
@@ -25,9 +29,13 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainflow.worker_config import WorkerConfig
 
 
-def make_node_scratch():
+def make_node_scratch() -> WorkerConfig | None:
     """The node's private scratch folder (its relay's socket, a plain script's copies aside, the
     node-local checkpoint tier), before anything is put in it; returns the attempt's configuration,
     None for torchrun run by hand."""

@@ -72,15 +72,20 @@ def _append(path: str, entry: dict) -> None:
         os.close(fd)
 
 
-def note_hung(path: str, pid: int, reason: str) -> None:
-    """A rank the orchestrator found frozen, about to be killed so that a process in its place goes
-    on (rank_replacement.py): its death is the hang `reason`, not a kill."""
-    _append(path, {"hung": pid, "reason": reason})
+def note_ended(path: str, pid: int, reason: str, hang: bool) -> None:
+    """A rank the orchestrator is about to kill, and why: noted first, for its agent to read at its
+    death (rank_replacement.py). `hang`: it was found frozen, and a process in its place goes on, its
+    death the hang `reason`, not a kill; else it is not replaced, and the attempt ends."""
+    _append(path, {"ended": pid, "reason": reason, "hang": hang})
 
 
-def read_hung(path: Path) -> dict[int, str]:
-    """pid -> why the orchestrator ended it, for every rank it ended as frozen."""
-    return {int(e["hung"]): str(e.get("reason", "")) for e in _entries(path) if isinstance(e.get("hung"), int)}
+def read_ended(path: Path) -> dict[int, tuple[str, bool]]:
+    """pid -> (why, whether for a hang) of every rank the orchestrator ended."""
+    return {
+        int(e["ended"]): (str(e.get("reason", "")), bool(e.get("hang")))
+        for e in _entries(path)
+        if isinstance(e.get("ended"), int)
+    }
 
 
 def note_replaced(path: str, pid: int, local_rank: int, code: int) -> None:

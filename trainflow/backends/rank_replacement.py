@@ -5,8 +5,9 @@ torchrun's agent ends every rank of the node when one fails (its process context
 the same poll that finds the failure), and the attempt ends with it. Here the agent's poll first
 looks for a rank that died by a signal (a crash, a kill: not a stop, and not an exit the script or
 a round chose), whose state a copy in the node's shared memory holds (backends/shared_copies.py),
-and whose outcome has budget left (a rank the orchestrator found frozen and ended is a hang, not
-a kill: it notes that in the node's rank records first): it starts one process in its place, with the same command and
+and whose outcome has budget left (a rank the orchestrator ended says why in the node's rank
+records first: found frozen, it is a hang, not a kill; ended for the attempt to end, a drill's
+corrupt checkpoint, it is not replaced): it starts one process in its place, with the same command and
 environment, from the node's warm standby where there is one, and torchrun goes on watching the new
 one. The new process learns what became of the one before it from REPLACES_ENV.
 
@@ -18,7 +19,6 @@ without in-process restart, with the same outcome."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import time
@@ -26,8 +26,6 @@ from pathlib import Path
 
 from trainflow.backends import rank_records
 from trainflow.worker_config import GAVE_UP, MEMORY_COPIES_ENV, REPLACES_ENV
-
-log = logging.getLogger("trainflow.replacement")
 
 STOPPING = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})  # an agent's or a user's stop
 REPLACED_OUTCOMES = ("CRASHED", "KILLED", "HUNG")  # HUNG: a frozen rank the orchestrator ended
@@ -65,11 +63,13 @@ class Replacer:
             outcome = None if exitcode is None else outcome_of(exitcode)
             if outcome is None:
                 continue
-            hung = rank_records.read_hung(Path(self.records)).get(handler.proc.pid) if self.records else None
+            ended = rank_records.read_ended(Path(self.records)).get(handler.proc.pid) if self.records else None
+            hung = ended[0] if ended and ended[1] else None
             if hung is not None:  # the orchestrator ended it frozen (watcher.py): the hang is the cause
                 outcome = "HUNG"
             worker = worker_group.workers[local_rank]
-            why_not = self._why_not(worker.global_rank, outcome)
+            why_not = f"the orchestrator ended it: {ended[0]}" if ended and not ended[1] else None
+            why_not = why_not or self._why_not(worker.global_rank, outcome)
             if why_not:  # torchrun goes on as it would have: the node's other ranks stopped, a failure
                 print(
                     f"trainflow: rank {worker.global_rank} (process {handler.proc.pid}) was killed by "

@@ -24,7 +24,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainflow.backends import Allocation, AttemptHandle, Launcher
-from trainflow.backends.abilities import CutsNodes, KnowsRankProcesses, PreemptsNodes, SignalsRanks
+from trainflow.backends.abilities import CutsNodes, EndsRanks, KnowsRankProcesses, PreemptsNodes, SignalsRanks
 from trainflow.checkpoint.catalog import list_committed
 from trainflow.checkpoint.storage import Storage, open_storage
 from trainflow.drills.storage_proxy import relay_on
@@ -289,9 +289,18 @@ def _inject(
         pid = worker_pid(channel, rank)
         record.target = f"{damaged}, then rank {rank} killed so the next attempt must restore"
         record.injected_at = time.time()
-        launcher.signal_rank(allocation, pid, signal.SIGKILL)
+        kill_for_a_restore(launcher, allocation, handle, status.ranks[rank].node, pid)
     record.injected = True
     return record
+
+
+def kill_for_a_restore(launcher: Launcher, allocation: Allocation, handle: AttemptHandle, node: int, pid: int) -> None:
+    """SIGKILL a rank so that the next attempt restores from the checkpoint store; with in-process
+    restart, noted for its agent first, which then does not replace it in place."""
+    if handle.in_place_budget and isinstance(launcher, EndsRanks):
+        launcher.end_rank(handle, node, pid, "the drill's corrupt-checkpoint fault: the next attempt restores", False)
+    else:
+        launcher.signal_rank(allocation, pid, signal.SIGKILL)
 
 
 # what a fault at a time can break in a plain script, which reports nothing: its processes and copies

@@ -40,7 +40,7 @@ from trainflow.backends import AttemptHandle, Launcher
 from trainflow.backends.abilities import (
     DescribesNodes,
     DumpsStacks,
-    EndsHungRanks,
+    EndsRanks,
     KnowsRankProcesses,
     ProbesNodes,
 )
@@ -381,9 +381,9 @@ class AttemptWatcher:
         blocked in a collective with it, then fail at once and go back to their memory copies."""
         left = self.handle.in_place_budget.get(Outcome.HUNG.value, 0) - self._hangs_ended
         ranked = status.ranks.get(rank)
-        if left <= 0 or ranked is None or ranked.pid is None or not isinstance(self.launcher, EndsHungRanks):
+        if left <= 0 or ranked is None or ranked.pid is None or not isinstance(self.launcher, EndsRanks):
             return False
-        if not self.launcher.end_hung_rank(self.handle, node, ranked.pid, verdict.reason):
+        if not self.launcher.end_rank(self.handle, node, ranked.pid, verdict.reason, hang=True):
             return False
         self._hangs_ended += 1
         self._hang_in_place = HangInPlace(verdict, len(status.in_place), now)

@@ -74,8 +74,8 @@ class Checkpoint(Section):
         default=None,
         title="In-memory copy every N steps",
         description="With fault_tolerance.in_process_restart: how often each rank copies its state into its "
-        "own memory, the state an in-process restart goes back to (default: every step while the copy costs "
-        "at most 2% of the step time, else as often as that allows).",
+        "node's shared memory (and at every checkpoint), the state an in-process restart goes back to "
+        "(default: every step while the copy costs at most 2% of the step time, else as often as that allows).",
     )
 
     @field_validator("uri")

@@ -46,10 +46,11 @@ class FaultTolerance(Section):
     in_process_restart: bool = Field(
         default=False,
         title="In-process restart",
-        description="Runtime scripts: after an exception in a rank's script, every rank goes back to its "
-        "in-memory copy of the same step (checkpoint.memory_every_steps) in the process it already has, "
-        "within the budget and retry_on the exception's outcome would draw on; a rank process that dies "
-        "still ends the attempt.",
+        description="Runtime scripts: after an exception in a rank's script, a rank process's death (a crash, "
+        "a kill) or a frozen rank, the healthy ranks go back to their in-memory copy of the same step "
+        "(checkpoint.memory_every_steps) in the processes they have, and a dead or frozen rank's process is "
+        "replaced by one that takes its copies over, within the budget and retry_on the failure's outcome "
+        "would draw on; a lost node or a preemption still ends the attempt.",
     )
     backoff_s: Annotated[float, Field(ge=0, le=3600)] = Field(
         default=1.0,

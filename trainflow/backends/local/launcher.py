@@ -33,7 +33,7 @@ from trainflow.backends.netns import NetworkError, NodeNetwork, cut_node_link
 from trainflow.backends.parent_death import ending_with_this_process
 from trainflow.backends.ports import free_port, is_listening
 from trainflow.backends.processes import describe, job_processes, signal_session, terminate, wait_until_gone
-from trainflow.backends.rank_records import RECORDS_ENV, note_hung, read_exits, read_ranks, read_replaced, records_path
+from trainflow.backends.rank_records import RECORDS_ENV, note_ended, read_exits, read_ranks, read_replaced, records_path
 from trainflow.backends.shared_copies import remove_recorded
 from trainflow.backends.store_sockets import LISTEN_FD_ENV, listening_socket
 from trainflow.backends.torchrun_report import failed_ranks_with_evidence, log_tail, root_cause_exitcode
@@ -256,8 +256,8 @@ class LocalLauncher:
     def signal_rank(self, allocation: Allocation, pid: int, sig: signal.Signals) -> None:
         os.kill(pid, sig)  # every rank is a process of this machine
 
-    def end_hung_rank(self, handle: AttemptHandle, node: int, pid: int, reason: str) -> bool:
-        note_hung(str(handle.rank_records[node]), pid, reason)  # before its death: its agent reads it then
+    def end_rank(self, handle: AttemptHandle, node: int, pid: int, reason: str, hang: bool) -> bool:
+        note_ended(str(handle.rank_records[node]), pid, reason, hang)  # before its death: its agent reads it then
         try:
             os.kill(pid, signal.SIGKILL)  # a stopped process too
         except ProcessLookupError:
