@@ -114,6 +114,13 @@ def finalize(
             rows += [
                 ("in_place_restarts", len(row.in_place), row.attempt, row.ended_at),
                 ("in_place_recovery_s", sum(r["recovery_s"] for r in row.in_place), row.attempt, row.ended_at),
+                ("in_place_ranks_replaced", sum(r["ranks_replaced"] for r in row.in_place), row.attempt, row.ended_at),
+            ]
+            # each phase summed over the attempt's rounds: abort, rejoin (of which replace), restore
+            phases = sorted({name for r in row.in_place for name in r["phases"]})
+            rows += [
+                (f"in_place_{name}", sum(r["phases"].get(name, 0.0) for r in row.in_place), row.attempt, row.ended_at)
+                for name in phases
             ]
         if row.recovery_phases is not None:  # the same split the summary and the drill report show
             rows += [(key, value, row.attempt, row.ended_at) for key, value in row.recovery_phases.as_metrics().items()]

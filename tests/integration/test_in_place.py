@@ -73,6 +73,7 @@ def test_an_exception_is_recovered_in_place_with_every_rank_process_kept(cli_env
     assert tag.startswith("attempt 1 round 1: rank 1 raised DistNetworkError at step 12") and "-> step 11" in tag
     (child,) = attempt_runs(client, summary)
     assert child.data.metrics["in_place_restarts"] == 1
+    assert {"in_place_abort_s", "in_place_rejoin_s", "in_place_restore_s"} <= set(child.data.metrics)
     assert job_processes(summary["run_id"]) == []
 
 
@@ -132,6 +133,8 @@ def test_a_rank_that_dies_is_replaced_in_place_while_the_other_three_processes_g
     # the step the others had finished since (12) is trained again; they failed in step 13
     assert (restart["failed_step"], restart["restored_step"], restart["lost_steps"]) == (13, 11, 1)
     assert (restart["ranks_kept"], restart["ranks_replaced"]) == (3, 1)
+    assert set(restart["phases"]) == {"abort_s", "rejoin_s", "replace_s", "restore_s"}
+    assert 0 < restart["phases"]["replace_s"] <= restart["phases"]["rejoin_s"]
     assert summary["params_sha256"] == summary_of(baseline)["params_sha256"]
     assert summary["final_step"] == 30
     assert job_processes(summary["run_id"]) == []

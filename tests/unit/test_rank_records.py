@@ -1,12 +1,18 @@
 """Each rank as its agent records it: its pid and global rank at the start, and the exit code of a
-real process once, readable while more ranks are still to exit."""
+real process once, readable while more ranks are still to exit; a rank started in place of a dead
+one is a worker of its node, frozen or not."""
 
 from __future__ import annotations
 
+import json
+import signal
 import subprocess
 import sys
+import time
 
-from trainflow.backends.rank_records import RecordedProcess, read_exits, read_ranks, records_path
+from trainflow.backends.base import AttemptHandle
+from trainflow.backends.local.observe import node_state
+from trainflow.backends.rank_records import RecordedProcess, note_replaced, read_exits, read_ranks, records_path
 
 
 def test_every_exit_is_recorded_once_with_its_code(tmp_path):
@@ -36,3 +42,44 @@ def test_a_file_of_another_kind_reads_as_no_exits(tmp_path):
     path = tmp_path / "node-0.ranks"
     path.write_text('not json\n{"pid": 5}\n')
     assert read_exits(path) == {}
+
+
+class WarmAgent:
+    """A warm node's agent as the launcher holds it: its ranks are the processes its zygote forked."""
+
+    def __init__(self, forked: list[int]):
+        self.process = sleeper()
+        self.pid, self.forked_workers = self.process.pid, forked
+
+    def poll(self):
+        return self.process.poll()
+
+
+def test_a_frozen_rank_started_in_place_of_a_dead_one_is_seen_on_its_node(tmp_path):
+    path = records_path(tmp_path, 0)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=60)
+    replacement = sleeper()
+    agent = WarmAgent([dead.pid])  # the zygote's list: the dead one, not (yet) its replacement
+    try:
+        with path.open("a") as records:
+            records.write(json.dumps({"pid": dead.pid, "local_rank": 0, "rank": 1}) + "\n")
+        note_replaced(str(path), dead.pid, 0, -9)
+        with path.open("a") as records:
+            records.write(json.dumps({"pid": replacement.pid, "local_rank": 0, "rank": 1}) + "\n")
+        handle = AttemptHandle(attempt=1, nodes=1, started_at=time.time(), logs={}, rank_records={0: path})
+        handle.processes[0] = agent
+        assert node_state(handle, 0) == "running"
+        replacement.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while node_state(handle, 0) != "workers-stopped" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert node_state(handle, 0) == "workers-stopped"  # a frozen rank, not a lost node
+    finally:
+        for process in (replacement, agent.process):
+            process.kill()
+            process.wait()
+
+
+def sleeper() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])

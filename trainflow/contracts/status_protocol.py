@@ -194,6 +194,7 @@ class RestartedInPlace:
     restore_s: float  # loading the in-memory copy
     copy_every_steps: int = 1  # the memory copies' cadence then: the steps a failure may cost
     replaced: bool = False  # this rank's process was started in place of one that died
+    replace_s: float = 0.0  # a replaced rank's: from its predecessor's death to its report to the round
     t: float = field(default_factory=_now)
 
 

@@ -33,6 +33,8 @@ def in_place_restarts(rounds: dict[int, list[tuple[int, RestartedInPlace]]]) -> 
                     "abort_s": max(m.abort_s for m in messages),
                     "rejoin_s": max(m.rejoin_s for m in messages),
                     "restore_s": max(m.restore_s for m in messages),
+                    # a new process's start, to its report to the round (part of rejoin_s)
+                    **({"replace_s": max(m.replace_s for m in messages)} if replaced else {}),
                 },
             )
         )

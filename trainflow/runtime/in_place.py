@@ -63,6 +63,7 @@ class Pending:
     began: float  # perf_counter at the failure
     copy_every: int  # the memory copies' cadence when it failed
     replaced: bool = False  # this process was started in place of the rank's that died
+    replace_s: float = 0.0  # from that death to this process's report to the round
 
 
 @dataclass
@@ -172,6 +173,7 @@ def restore(run: Run) -> int:
         "restore_s": restore_s,
         "copy_every_steps": pending_round.copy_every,
         "replaced": pending_round.replaced,
+        "replace_s": pending_round.replace_s,
     }
     print(
         f"trainflow: rank {run.rank} back at step {decision.restored_step} from its memory copy "
@@ -235,7 +237,9 @@ def join_as_replacement(rank: int, world_size: int, config: Any, reporter: Any, 
         _end_as(died["exitcode"])
     _carried.decisions.append(decision)
     since_death = max(0.0, t - died["t"])
-    _carried.pending = Pending(round_, decision, died["t"], 0.0, began - since_death, 0, replaced=True)
+    _carried.pending = Pending(
+        round_, decision, died["t"], 0.0, began - since_death, 0, replaced=True, replace_s=since_death
+    )
     return _carried.pending
 
 

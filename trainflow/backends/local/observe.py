@@ -8,6 +8,7 @@ import os
 import psutil
 
 from trainflow.backends.base import AttemptHandle
+from trainflow.backends.rank_records import read_ranks
 from trainflow.backends.stacks import py_spy_dump
 
 
@@ -25,8 +26,32 @@ def agent_workers(agent, recursive: bool = False) -> list[psutil.Process]:
     try:
         if forked is None:
             return psutil.Process(agent.pid).children(recursive=recursive)
-        ranks = [psutil.Process(pid) for pid in forked]
-        return ranks + [c for rank in ranks for c in rank.children(recursive=True)] if recursive else ranks
+    except psutil.Error:
+        return []
+    ranks = _processes(forked)  # a rank that died is left out, not the node's other ranks with it
+    return ranks + [c for rank in ranks for c in _children(rank)] if recursive else ranks
+
+
+def _processes(pids) -> list[psutil.Process]:
+    found = []
+    for pid in pids:
+        try:
+            found.append(psutil.Process(pid))
+        except psutil.Error:
+            continue
+    return found
+
+
+def _stopped(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_STOPPED
+    except psutil.Error:
+        return False
+
+
+def _children(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return proc.children(recursive=True)
     except psutil.Error:
         return []
 
@@ -61,9 +86,13 @@ def node_state(handle: AttemptHandle, node: int) -> str:
     try:
         leader = psutil.Process(agent.pid)
         workers = agent_workers(agent, recursive=True)
+        # a rank process started in place of one that died (rank_replacement.py), as its agent records it
+        seen = {w.pid for w in workers}
+        records = handle.rank_records.get(node)
+        workers += _processes(pid for pid in (read_ranks(records) if records else {}).values() if pid not in seen)
         if leader.status() == psutil.STATUS_STOPPED:
             return "node-stopped"
-        if any(w.status() == psutil.STATUS_STOPPED for w in workers):
+        if any(_stopped(w) for w in workers):  # one that has just died is not the node gone
             return "workers-stopped"
     except psutil.Error:
         return "gone"
