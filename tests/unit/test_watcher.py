@@ -198,8 +198,13 @@ def test_a_frozen_rank_is_ended_for_its_replacement_in_place_and_the_attempt_goe
     alive, frozen = reporter(channel, 0), reporter(channel, 1)
     launcher, replacement = EndingLauncher(replaced=True), None
 
-    def replace():  # the new process rejoins, and every rank reports the round after its first step
+    def rejoin():
+        # the peer's report of the round reaches the orchestrator first; the new process is heard
+        # only after longer than the heartbeat timeout: its rank is not silent, it is being replaced
         nonlocal replacement
+        alive.send(round_report(replaced=False))
+        wait_until(lambda: channel.snapshot().in_place)
+        time.sleep(1.0)
         replacement = StatusReporter(
             channel.address,
             channel.token,
@@ -207,19 +212,21 @@ def test_a_frozen_rank_is_ended_for_its_replacement_in_place_and_the_attempt_goe
             heartbeat_interval_s=0.05,
             orchestrator_timeout_s=30,
         )
+        replacement.send(round_report(replaced=True))
         for r in (alive, replacement):
-            r.send(round_report(replaced=r is replacement))
             r.send(Progress(steps=[StepEntry(step=4, step_time_s=0.01)]))
             r.send(Finished(step=4, loss=0.5, params_sha256="a" * 64))
             r.close()
         launcher.exits = [NodeExit(n, 0) for n in range(2)]  # and the job is done
 
+    rejoining = threading.Thread(target=rejoin)
     try:
         for r in (alive, frozen):
             r.send(Progress(steps=[StepEntry(step=3, step_time_s=0.01)]))
         time.sleep(0.2)
         frozen.close()
-        result = frozen_rank_watch(channel, launcher, replace).run(poll_s=0.05)
+        result = frozen_rank_watch(channel, launcher, rejoining.start).run(poll_s=0.05)
+        rejoining.join(timeout=30)
         assert [(node, pid) for node, pid, _ in launcher.ended] == [(1, 101)]
         assert "rank 1 on node 1 is frozen" in launcher.ended[0][2]
         assert result.outcome == Outcome.SUCCEEDED, result.reason
@@ -229,6 +236,13 @@ def test_a_frozen_rank_is_ended_for_its_replacement_in_place_and_the_attempt_goe
         for r in (alive, replacement):
             if r is not None:
                 r.close()
+
+
+def wait_until(condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met"
+        time.sleep(0.02)
 
 
 def test_a_frozen_rank_ended_but_not_replaced_is_the_hang_it_was_not_a_kill(channel):

@@ -77,6 +77,8 @@ class HangInPlace:
     (fault_tolerance.in_process_restart): the hang's verdict, kept until the round recovers it."""
 
     verdict: AttemptResult
+    rank: int
+    pid: int  # the frozen process
     rounds: int  # the recoveries in place recorded when it was ended
     since: float
 
@@ -386,15 +388,19 @@ class AttemptWatcher:
         if not self.launcher.end_rank(self.handle, node, ranked.pid, verdict.reason, hang=True):
             return False
         self._hangs_ended += 1
-        self._hang_in_place = HangInPlace(verdict, len(status.in_place), now)
+        self._hang_in_place = HangInPlace(verdict, rank, ranked.pid, len(status.in_place), now)
         log.warning("%s: process %d ended, to be replaced in place", verdict.reason, ranked.pid)
         return True
 
     def _follow_hang_in_place(self, pending: HangInPlace, exits, now: float) -> AttemptResult | None:
         """The hang's verdict once its recovery in place cannot happen: a node's agent ended with a
         failure (the rank was not replaced, or its round was no go), or no round recovered it within
-        the time a new rank process has to report; None meanwhile, and once a round did."""
-        if len(self.channel.snapshot().in_place) > pending.rounds:
+        the time a new rank process has to report; None meanwhile, and once a round did and the rank
+        is heard from its new process (its peers' reports of the round may come first)."""
+        status = self.channel.snapshot()
+        ranked = status.ranks.get(pending.rank)
+        heard_anew = ranked is not None and ranked.pid != pending.pid and ranked.last_seen >= pending.since
+        if len(status.in_place) > pending.rounds and heard_anew:
             self._hang_in_place = None
             return None
         if any(e.returncode not in (None, 0) for e in exits) or now - pending.since > self.limits.startup_timeout_s:

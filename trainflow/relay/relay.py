@@ -230,6 +230,8 @@ class NodeRelay:
                 self._aggregator.apply(hello.rank, hello.pid, Replaced(pids=list(hello.replaces)), now)
             else:
                 self._aggregator.heard(hello.rank, hello.pid, now)
+        if hello.replaces:
+            self._urgent.set()  # the orchestrator follows the rank to its new pid before it hears it silent
         return True
 
     def _end(self, fd: int) -> None:
