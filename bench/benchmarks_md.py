@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import ddp_layout  # bench/, beside this module
+import checkpoint_size  # bench/, beside this module
+import ddp_layout
 import fsdp_tp_tax
 import in_place_round
 import reference_goodput
@@ -24,6 +25,7 @@ PARTS = (
     "scale",
     "scale_jobs",
     "in_place_round",
+    "checkpoint_size",
 )
 
 
@@ -239,6 +241,8 @@ def render(results: dict) -> str:
         extra += scale_jobs.markdown(results["scale_jobs"])
     if "in_place_round" in results:
         extra += in_place_round.markdown(results["in_place_round"])
+    if "checkpoint_size" in results:
+        extra += checkpoint_size.markdown(results["checkpoint_size"])
     commands = [
         "Commands: `make bench` (everything), `python bench/run_benchmarks.py --only soak,fsdp_tp` (some "
         f"parts of {', '.join(PARTS)}; the others' figures are kept), `trainflow drill SPEC --fault KIND "

@@ -10,6 +10,7 @@ machine. Writes bench/results.json and BENCHMARKS.md; every figure in them comes
 - the FSDP2 + TP example's orchestration tax (bench/fsdp_tp_tax.py)
 - real jobs of 32 and 64 ranks: start-up, throughput, a crash's recovery, exact resume, memory (bench/scale_jobs.py)
 - in-process restart's round at 1,024 to 16,384 ranks against a real store (bench/in_place_round.py)
+- recovery against the state's size, in memory and by storage (bench/checkpoint_size.py)
 
     python bench/run_benchmarks.py                      # every part
     python bench/run_benchmarks.py --only soak,fsdp_tp  # these parts; the others' figures are kept
@@ -26,7 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import ddp_layout  # bench/, beside this script
+import checkpoint_size  # bench/, beside this script
+import ddp_layout
 import fsdp_tp_tax
 import in_place_round
 import reference_goodput
@@ -327,6 +329,7 @@ def main(parts: list[str]) -> None:
                 "scale": lambda: scale_bench.scale(env),
                 "scale_jobs": lambda: scale_jobs.scale_jobs(env),
                 "in_place_round": in_place_round.in_place_round,
+                "checkpoint_size": lambda: checkpoint_size.checkpoint_size(env),
             }
             for part in parts:
                 earlier = results.get(part)
@@ -361,6 +364,7 @@ def main(parts: list[str]) -> None:
         "drills": lambda r: sum(1 for d in r.values() if d.get("passed")),
         "reference_goodput": lambda r: r.get("goodput"),
         "soak": lambda r: {name: r[name].get("passed") for name in ("main", "storage")},
+        "checkpoint_size": lambda r: {name: s["ratios"] for name, s in r["scenarios"].items()},
     }
     print(json.dumps({part: headline.get(part, lambda r: "measured")(results[part]) for part in parts}, default=str))
 
