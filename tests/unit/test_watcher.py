@@ -238,6 +238,45 @@ def test_a_frozen_rank_is_ended_for_its_replacement_in_place_and_the_attempt_goe
                 r.close()
 
 
+def test_a_dead_rank_being_replaced_is_not_a_lost_node_while_its_new_process_starts(channel):
+    class Replacing(StandInLauncher):  # rank 1's process (101) died; its agent started another
+        def replaced_pids(self, handle, node):
+            return {101} if node == 1 else set()
+
+    alive, dead = reporter(channel, 0), reporter(channel, 1)
+    launcher = Replacing(2)
+
+    def start_late():  # slower to say hello than the heartbeat timeout (a cold start, a busy host)
+        time.sleep(1.5)
+        replacement = StatusReporter(
+            channel.address,
+            channel.token,
+            {"rank": 1, "node": 1, "attempt": 1, "pid": 555, "replaces": [101]},
+            heartbeat_interval_s=0.05,
+            orchestrator_timeout_s=30,
+        )
+        for r in (alive, replacement):
+            r.send(Progress(steps=[StepEntry(step=4, step_time_s=0.01)]))
+            r.send(Finished(step=4, loss=0.5, params_sha256="a" * 64))
+            r.close()
+        launcher.exits = [NodeExit(n, 0) for n in range(2)]
+
+    for r in (alive, dead):
+        r.send(Progress(steps=[StepEntry(step=3, step_time_s=0.01)]))
+    time.sleep(0.2)
+    dead.close()
+    starting = threading.Thread(target=start_late)
+    starting.start()
+    try:
+        watch = watcher(channel, launcher, heartbeat_timeout_s=0.6, hang_timeout_s=30, startup_timeout_s=20)
+        watch.handle.in_place_budget = {"CRASHED": 1}
+        result = watch.run(poll_s=0.05)
+        assert result.outcome == Outcome.SUCCEEDED, result.reason
+    finally:
+        starting.join(timeout=30)
+        alive.close()
+
+
 def wait_until(condition, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():

@@ -113,6 +113,13 @@ class EndsRanks(Protocol):
 
 
 @runtime_checkable
+class KnowsReplacedRanks(Protocol):
+    """Knows the pids of a node's rank processes that died and had another started in their place."""
+
+    def replaced_pids(self, handle: AttemptHandle, node: int) -> set[int]: ...
+
+
+@runtime_checkable
 class PreemptsNodes(Protocol):
     """Can give one node of an attempt the SIGTERM a scheduler or cloud sends before taking it away."""
 

@@ -42,6 +42,7 @@ from trainflow.backends.abilities import (
     DumpsStacks,
     EndsRanks,
     KnowsRankProcesses,
+    KnowsReplacedRanks,
     ProbesNodes,
 )
 from trainflow.contracts.evidence import AttemptEvidence, FailedRank, SilentNode, StorageCall
@@ -211,7 +212,13 @@ class AttemptWatcher:
                     reason, full, now, since, AttemptEvidence(details={"leaving": sorted(full.leaving())})
                 )
         rank, node, last_seen = status.silent_rank, status.silent_node, status.silent_since
-        if rank is not None and node is not None and seen - last_seen > self.limits.heartbeat_timeout_s:
+        silent_s = seen - last_seen
+        if (
+            rank is not None
+            and node is not None
+            and silent_s > self.limits.heartbeat_timeout_s
+            and silent_s > self._silence_allowed(rank, node)
+        ):
             state = self._probe(node)
             full = self.channel.snapshot()
             silent = SilentNode(node, rank, state, round(seen - last_seen, 3), _last_heartbeats(full, now))
@@ -376,6 +383,16 @@ class AttemptWatcher:
     ) -> AttemptResult:
         evidence.stacks = self._stacks(status, nodes)
         return self._result(Outcome.HUNG, reason, status, detected_at, failed_at, evidence)
+
+    def _silence_allowed(self, rank: int, node: int) -> float:
+        """The heartbeat timeout; for a rank whose process died and whose node's agent has started
+        another in its place (rank_replacement.py), the time a new rank process has to report."""
+        if not self.handle.in_place_budget or not isinstance(self.launcher, KnowsReplacedRanks):
+            return self.limits.heartbeat_timeout_s
+        ranked = self.channel.snapshot().ranks.get(rank)
+        if ranked is not None and ranked.pid in self.launcher.replaced_pids(self.handle, node):
+            return max(self.limits.heartbeat_timeout_s, self.limits.startup_timeout_s)
+        return self.limits.heartbeat_timeout_s
 
     def _end_in_place(self, verdict: AttemptResult, rank: int, node: int, status: AttemptStatus, now: float) -> bool:
         """With in-process restart and a hang's recovery left in the budget: end the frozen rank's

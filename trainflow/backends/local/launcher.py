@@ -256,6 +256,9 @@ class LocalLauncher:
     def signal_rank(self, allocation: Allocation, pid: int, sig: signal.Signals) -> None:
         os.kill(pid, sig)  # every rank is a process of this machine
 
+    def replaced_pids(self, handle: AttemptHandle, node: int) -> set[int]:
+        return read_replaced(handle.rank_records[node]) if node in handle.rank_records else set()
+
     def end_rank(self, handle: AttemptHandle, node: int, pid: int, reason: str, hang: bool) -> bool:
         note_ended(str(handle.rank_records[node]), pid, reason, hang)  # before its death: its agent reads it then
         try:
