@@ -180,7 +180,7 @@ class EndingLauncher(StandInLauncher):
 
 
 def frozen_rank_watch(channel, launcher: EndingLauncher, on_ended) -> AttemptWatcher:
-    watch = watcher(channel, launcher, heartbeat_timeout_s=0.6, hang_timeout_s=30, startup_timeout_s=20)
+    watch = watcher(channel, launcher, heartbeat_timeout_s=0.6, hang_timeout_s=1.5, startup_timeout_s=20)
     watch.handle.in_place_budget = {"HUNG": 1}
     ending = launcher.end_rank
 
@@ -213,6 +213,7 @@ def test_a_frozen_rank_is_ended_for_its_replacement_in_place_and_the_attempt_goe
             orchestrator_timeout_s=30,
         )
         replacement.send(round_report(replaced=True))
+        time.sleep(0.8)  # the steps since come in late: the ranks stalled from the freeze to here
         for r in (alive, replacement):
             r.send(Progress(steps=[StepEntry(step=4, step_time_s=0.01)]))
             r.send(Finished(step=4, loss=0.5, params_sha256="a" * 64))

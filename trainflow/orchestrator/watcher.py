@@ -145,6 +145,7 @@ class AttemptWatcher:
         self._done_since: float | None = None  # when the first node was through with the job
         self._hang_in_place: HangInPlace | None = None
         self._hangs_ended = 0
+        self._hang_recovered_at = 0.0
 
     def run(self, poll_s: float = 0.1) -> AttemptResult:
         try:
@@ -243,7 +244,8 @@ class AttemptWatcher:
         if status.known == self.world_size and not status.leaving:
             # a rank yet to report its first step is behind since the attempt's first step, not since
             # launch: a start-up slower than the hang timeout (a loaded host) is no hang
-            stalled_since = status.stalled_since
+            # a frozen rank recovered in place: its peers stalled while it froze, and train again since
+            stalled_since = max(status.stalled_since, self._hang_recovered_at)
             limit = self.limits.hang_after(status) if status.first_step_at else self.limits.startup_timeout_s
             if seen - stalled_since > limit:
                 full = self.channel.snapshot()
@@ -419,6 +421,7 @@ class AttemptWatcher:
         heard_anew = ranked is not None and ranked.pid != pending.pid and ranked.last_seen >= pending.since
         if len(status.in_place) > pending.rounds and heard_anew:
             self._hang_in_place = None
+            self._hang_recovered_at = now
             return None
         if any(e.returncode not in (None, 0) for e in exits) or now - pending.since > self.limits.startup_timeout_s:
             self._hang_in_place = None
