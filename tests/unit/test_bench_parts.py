@@ -85,7 +85,13 @@ def test_the_reference_goodput_section_gives_the_goodput_against_its_target():
         "device_hours": 0.1,
         "wasted_device_hours": 0.001,
     }
-    text = "\n".join(reference_goodput.markdown(figures))
-    assert "| goodput (target ≥ 0.90) | 0.931 (met) |" in text
+    in_place = {**figures, "goodput": 0.9615, "target": 0.97, "met": False, "outcomes": ["SUCCEEDED"]}
+    in_place["in_place"] = ["CRASHED at step 601"]
+    text = "\n".join(reference_goodput.markdown({"restart": figures, "in_place": in_place}))
+    assert "| figure | restart of the whole job | `in_process_restart` |" in text
+    assert "| goodput | 0.931 (target ≥ 0.90: met) | 0.962 (target ≥ 0.97: not met) |" in text
+    assert "| recovered in place | – | CRASHED at step 601 |" in text
     assert "(71 ms steps here)" in text and "every 3.5 s" in text
-    assert "not measured" in "\n".join(reference_goodput.markdown({"error": "boom"}))
+    # a result recorded before the drill ran twice reads as the restart's alone
+    assert "| goodput | 0.931 (target ≥ 0.90: met) |" in "\n".join(reference_goodput.markdown(figures))
+    assert "not measured" in "\n".join(reference_goodput.markdown({"restart": {"error": "boom"}}))
