@@ -106,7 +106,7 @@ def test_the_report_reads_a_fault_recovered_in_place_from_its_attempts_round():
     by_kind = {p.kind: p for p in plans}
     injected = [{"injected": True, "detail": {"step": p.at_step}} for p in plans]
     rounds = [
-        {"outcome": {"crash": "CRASHED", "kill": "KILLED"}[p.kind.value], "lost_steps": 1, "restored_step": p.at_step}
+        {"outcome": {"crash": "CRASHED", "kill": "KILLED"}[p.kind.value], "lost_steps": 9, "restored_step": p.at_step}
         for p in plans
         if p.kind != FaultKind.preempt
     ]
@@ -115,14 +115,16 @@ def test_the_report_reads_a_fault_recovered_in_place_from_its_attempts_round():
     for number in range(1, 3):
         ends = "PREEMPTED" if number == preempted else "SUCCEEDED"
         mine = [r for p, r in zip([p for p in plans if p.kind != FaultKind.preempt], rounds) if p.attempt == number]
-        attempts.append({**row(number, ends, 0, 600 if ends == "SUCCEEDED" else 100), "in_place": mine})
+        # an attempt's lost steps count its rounds' (9 each) beside the preemption's own (0)
+        lost = 9 * len(mine)
+        attempts.append({**row(number, ends, lost, 600 if ends == "SUCCEEDED" else 100), "in_place": mine})
     summary = {"status": "succeeded", "params_sha256": "x", "total_steps": 600, "faults": injected}
     report = soak_report(plans, {**summary, "attempts": attempts}, {"params_sha256": "x"}, [], every_steps=20)
     assert report["passed"] is True, report
-    assert sorted((f["kind"], f["in_place"]) for f in report["per_fault"]) == [
-        ("crash", True),
-        ("kill", True),
-        ("preempt", False),
+    assert sorted((f["kind"], f["in_place"], f["lost_steps"]) for f in report["per_fault"]) == [
+        ("crash", True, 9),
+        ("kill", True, 9),
+        ("preempt", False, 0),
     ]
     # a round no fault explains is unexplained, as a failed attempt is
     spare = {"outcome": "CRASHED", "lost_steps": 0, "restored_step": 5, "round": 9}

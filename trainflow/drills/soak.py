@@ -162,7 +162,9 @@ def soak_report(plans: list[FaultPlan], summary: dict, baseline: dict, leftovers
         else:
             retry = by_attempt.get(plan.attempt + 1)
             detected = row["outcome"] if row else None
-            lost = row["lost_steps"] if row else None
+            # an attempt's lost steps count its rounds in place too: the restart's are the rest
+            in_place_lost = sum(r["lost_steps"] for r in (row.get("in_place") or [])) if row else 0
+            lost = row["lost_steps"] - in_place_lost if row else None
             resumed = retry["resumed_from_step"] if retry else None
         matrix[(plan.kind.value, detected)] += 1
         fault = {
