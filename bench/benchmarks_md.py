@@ -132,27 +132,42 @@ def memory_copies_row(tax: dict) -> list[str]:
 
 
 def in_place_lines(drills: dict, restart_s: float) -> list[str]:
-    """The exception drill recovered in place, beside the same drill's full restart."""
-    report, restarted = drills.get("exception-in-place"), drills.get("exception")
-    if not report or "error" in report or report.get("recovery_s") is None:
+    """The drills recovered in place (`<kind>-in-place`), each beside the same drill's full restart."""
+    rows = []
+    for name, report in drills.items():
+        if not name.endswith("-in-place") or "error" in report or report.get("recovery_s") is None:
+            continue
+        kind = name.removesuffix("-in-place")
+        restarted = drills.get(kind) or {}
+        phases = report.get("recovery_phases") or {}
+        by_restart = restarted.get("recovery_s")
+        rows.append(
+            f"| {kind} | {report['recovery_s']:.3f} | {report['recovery_s'] / restart_s:.2f}x | "
+            + (f"{by_restart:.2f} |" if by_restart is not None else "– |")
+            + f" {report['ranks_kept']} / {report['ranks_replaced']} | {report['lost_steps']} "
+            f"(copies every {report.get('memory_copy_every_steps')}) | "
+            + " | ".join(f"{phases[p]:.3f}" if p in phases else "–" for p in IN_PLACE_PHASES)
+            + f" | {'passed' if report.get('passed') else 'FAILED'} |"
+        )
+    if not rows:
         return []
-    phases = report.get("recovery_phases") or {}
-    against = (
-        f" (the same exception by a full restart: {restarted['recovery_s']:.2f} s)"
-        if restarted and restarted.get("recovery_s") is not None
-        else ""
-    )
     return [
         "",
-        f"exception-in-place: with `fault_tolerance.in_process_restart` the same exception is recovered within "
-        f"the attempt in {report['recovery_s']:.3f} s, {report['recovery_s'] / restart_s:.2f}x torchrun's own restart"
-        f"{against}: {report['ranks_kept']} rank process(es) kept, {report['ranks_replaced']} replaced, "
-        f"{report['lost_steps']} step(s) lost (copies every {report.get('memory_copy_every_steps')} step(s), "
-        "as often as 2% of the step time allows); phases (slowest rank): "
-        f"abort {phases.get('abort_s', 0):.3f} s, rejoin "
-        f"(the round, the new group, the script run again) {phases.get('rejoin_s', 0):.3f} s, restore from memory "
-        f"{phases.get('restore_s', 0):.3f} s, then the first step.",
+        "With `fault_tolerance.in_process_restart` the same faults are recovered within the attempt: the healthy "
+        f"ranks keep their processes and go back to their memory copies; a dead or frozen rank's process is "
+        f"replaced by one that takes its copies over from the node's shared memory. torchrun's own restart: "
+        f"{restart_s:.2f} s. Phases (slowest rank): abort (the save in flight ended, the groups broken off), rejoin "
+        "(the round, the new group, the script run again up to `restore()`), of which replace (the new process's "
+        "start, to its report to the round), restore (from memory); then the first step.",
+        "",
+        "| fault | in place (s) | vs torchrun | by restart (s) | ranks kept / replaced | steps lost | abort "
+        "| rejoin | replace | restore | drill |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *rows,
     ]
+
+
+IN_PLACE_PHASES = ("abort_s", "rejoin_s", "replace_s", "restore_s")
 
 
 def drills_restart_s(results: dict) -> float:

@@ -23,7 +23,7 @@ FAULTS = (("crash", 0.25), ("preempt", 0.5), ("kill", 0.75))
 # each fault half a checkpoint interval after a checkpoint: what a fault at a random step loses on average
 FAULT_OFFSET = CHECKPOINT_EVERY // 2
 TARGET = 0.90
-TARGET_IN_PLACE = 0.97  # issue 33: with in-process restart
+TARGET_IN_PLACE = 0.97  # with in-process restart
 RECOVERED_IN_PLACE = ("crash", "kill")
 
 _SCRIPT = """

@@ -55,8 +55,9 @@ DRILLS = [
     "corrupt-checkpoint",
     "storage-outage",
 ]
-# the same exception, recovered within the attempt from every rank's memory copy
-IN_PLACE = "exception-in-place"
+# the same faults with in-process restart, recovered within the attempt from the ranks' memory copies
+# (a dead or frozen rank's process replaced by one that takes its copies over)
+IN_PLACE = {f"{kind}-in-place": kind for kind in ("exception", "crash", "kill", "hang")}
 IN_PLACE_FLAGS = ["--set", "fault_tolerance.in_process_restart=true"]
 # a node lost for good (the job shrinks, resuming from buddy copies), then its replacement (it grows back)
 GROW_BACK = "node-loss-replaced-later"
@@ -192,7 +193,7 @@ def summarize_orchestration(runs: dict[str, list[dict]]) -> dict:
 
 def drills(env: dict) -> dict:
     reports = {}
-    for kind in [*DRILLS, IN_PLACE, GROW_BACK]:
+    for kind in [*DRILLS, *IN_PLACE, GROW_BACK]:
         extra = {
             # training must outlast the outage: at ~2 ms steps, 80 steps end inside it and the last
             # step's commit fails with the store (INFRA), where the drill expects it ridden through
@@ -209,9 +210,9 @@ def drills(env: dict) -> dict:
             # a straggler needs steps left to straggle through after the injection starts
             "straggler": ["--set", "workload.steps=600", "--set", "checkpoint.every_steps=100", "--duration", "6"],
             GROW_BACK: GROW_BACK_FLAGS,
-            IN_PLACE: IN_PLACE_FLAGS,
+            **dict.fromkeys(IN_PLACE, IN_PLACE_FLAGS),
         }.get(kind, [])
-        fault = {GROW_BACK: "node-loss", IN_PLACE: "exception"}.get(kind, kind)
+        fault = {GROW_BACK: "node-loss", **IN_PLACE}.get(kind, kind)
         try:
             report = last_json(["drill", SPEC, "--fault", fault, "--at-step", "30", *DRILL_JOB, *extra, "--json"], env)
         except (RuntimeError, subprocess.SubprocessError, ValueError) as exc:
@@ -363,7 +364,7 @@ def main(parts: list[str]) -> None:
         "scale": lambda r: {f"{x['ranks']}@{x['steps_per_s']:g}": x.get("false_verdicts") for x in r["runs"]},
         "drills": lambda r: sum(1 for d in r.values() if d.get("passed")),
         "reference_goodput": lambda r: r.get("goodput"),
-        "soak": lambda r: {name: r[name].get("passed") for name in ("main", "storage")},
+        "soak": lambda r: {name: r[name].get("passed") for name in ("main", "in_place", "storage") if name in r},
         "checkpoint_size": lambda r: {name: s["ratios"] for name, s in r["scenarios"].items()},
     }
     print(json.dumps({part: headline.get(part, lambda r: "measured")(results[part]) for part in parts}, default=str))

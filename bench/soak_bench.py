@@ -61,6 +61,7 @@ def soak(env: dict) -> dict:
         "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "cores": os.cpu_count(),
         "main": one_soak(env, FAULTS, []),
+        "in_place": one_soak(env, FAULTS, ["--set", "fault_tolerance.in_process_restart=true"]),
         "storage": one_soak(
             env, STORAGE_FAULTS, ["--kinds", STORAGE_KINDS, "--set", f"checkpoint.uri=s3://{env['BENCH_BUCKET']}/soak"]
         ),
@@ -125,7 +126,7 @@ def soak_lines(title: str, report: dict) -> list[str]:
 
 
 def markdown(soaked: dict) -> list[str]:
-    runs = [r for r in (soaked["main"], soaked["storage"]) if "confusion" in r]
+    runs = [r for name in ("main", "in_place", "storage") if "confusion" in (r := soaked.get(name, {}))]
     kinds = sorted({k for r in runs for k in r["kinds"]})
     return [
         f"## Soak (`trainflow soak --load`; measured {soaked['measured_at']}, {soaked['cores']} cores)",
@@ -134,5 +135,14 @@ def markdown(soaked: dict) -> list[str]:
         f"passed: {', '.join(str(r['passed']) for r in runs)}.",
         "",
         *soak_lines("Every kind on local checkpoints", soaked["main"]),
+        *(
+            soak_lines(
+                "Every kind with `fault_tolerance.in_process_restart` (crashes, kills, hangs and exceptions "
+                "recovered within their attempt)",
+                soaked["in_place"],
+            )
+            if "in_place" in soaked
+            else []
+        ),
         *soak_lines("Storage outage on S3 (moto_server behind a relay the soak stalls)", soaked["storage"]),
     ]

@@ -139,6 +139,8 @@ class Run:
             self.world_size,
             local_rank=self.local_rank,
             send=self.reporter.send,
+            # a script run again in place saves anew: never into an earlier run's local folders
+            series=f"r{resuming.round}-" if resuming is not None else "",
         )
         self._state: Stateful | None = None
         self._bucket_order: BucketOrder | None = None

@@ -36,9 +36,12 @@ class Checkpointer:
         local_rank: int = 0,
         send: Callable[[Any], None] | None = None,
         niceness: int = BACKGROUND_NICENESS,
+        series: str = "",
     ):
+        """`series`: names this run of the script's saves apart from an earlier run's in the same
+        attempt (an in-process restart's round), the same on every rank."""
         self.ctx = CheckpointContext.create(config, storage, rank, world_size, local_rank, send)
-        self._saver = Saver(self.ctx, niceness)
+        self._saver = Saver(self.ctx, niceness, series)
         self._restorer = Restorer(self.ctx)
 
     def save(self, step: int, state: Stateful, commit: bool = False) -> SaveOutcome:

@@ -69,8 +69,9 @@ def _yield_to_training(niceness: int) -> None:
 
 
 class Saver:
-    def __init__(self, ctx: CheckpointContext, niceness: int = BACKGROUND_NICENESS):
+    def __init__(self, ctx: CheckpointContext, niceness: int = BACKGROUND_NICENESS, series: str = ""):
         self.ctx = ctx
+        self._series = series
         self.policy = SnapshotPolicy(ctx.config.snapshot_every_s, ctx.config.keep_every_steps, ctx.config.local_tier)
         self.publisher = Publisher(ctx, self.policy)
         self._stager = make_stager()
@@ -109,7 +110,7 @@ class Saver:
         stage_s = time.perf_counter() - staging
         self._saves += 1
         stall_s = time.perf_counter() - began
-        save_id = f"a{self.ctx.config.attempt}-{self._saves}"
+        save_id = f"a{self.ctx.config.attempt}-{self._series}{self._saves}"
         job = _Job(step, save_id, staged, shared, personal, commit, stage_s, began, stall_s)
         self._pending, self._pending_step = self._worker.submit(self._save_in_background, job), step
         if commit:
