@@ -61,7 +61,9 @@ IN_PLACE = {f"{kind}-in-place": kind for kind in ("exception", "crash", "kill", 
 IN_PLACE_FLAGS = ["--set", "fault_tolerance.in_process_restart=true"]
 # a node lost for good (the job shrinks, resuming from buddy copies), then its replacement (it grows back)
 GROW_BACK = "node-loss-replaced-later"
-GROW_BACK_FLAGS = ["--permanent", "--replaced-later", "--set", "resources.min_nodes=1"]
+# 400 steps: the shrunken attempt must outlast the checkpoint commit that asks for the node back
+# (at ~2 ms steps the 50 steps after a fault at step 30 of 80 end before its snapshot is read)
+GROW_BACK_FLAGS = ["--permanent", "--replaced-later", "--set", "resources.min_nodes=1", "--set", "workload.steps=400"]
 DRILL_JOB = [
     "--set",
     "workload.steps=80",
