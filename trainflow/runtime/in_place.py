@@ -1,20 +1,27 @@
 """In-process restart: after an exception in a rank's script, every rank goes back to its in-memory
 copy of the same step in the process it already has, and the script runs again (spec:
-fault_tolerance.in_process_restart, runtime scripts only).
+fault_tolerance.in_process_restart, runtime scripts only). A rank process that died, or was ended
+frozen, is replaced by its node's agent (backends/rank_replacement.py): the new process takes the
+dead one's copies over from the node's shared memory and joins the same round (`join_as_replacement`).
 
     a rank raises ──▶ it breaks its process groups off ──▶ its peers' collectives raise at once
+    (a rank dies ──▶ its sockets close with it ──▶ the same; its agent starts one in its place)
     every rank: report to the round (the job's store) ──▶ rank 0 decides for all
-        go:     new process group (a new store prefix) ──▶ the script runs again in the same process;
-                init() joins that group, restore() loads the in-memory copy ──▶ training goes on
-        no go:  the exception ends the rank as before (the attempt ends, the orchestrator decides)
+        go:     new process group (a new store prefix) ──▶ the script runs again in the same process
+                (for the first time in a replacement); init() joins that group, restore() loads the
+                in-memory copy ──▶ training goes on
+        no go:  the exception ends the rank as before, a replacement ends by its predecessor's signal
+                (the attempt ends, the orchestrator decides, as without in-process restart)
 
 The decision is the orchestrator's rules, taken where the ranks are (in_place_rules.py): the cause
-is the earliest rank whose exception is not only a symptom of another's; its outcome (INFRA or
-USER_ERROR) must be retried by the spec and have budget left, which the orchestrator handed down at
-launch (WorkerConfig.in_place_budget) and counts again after the attempt; the same failure at the
-same step from the same copy twice is a crash loop. A rank that does not report within the
-collective timeout (its process died, or it is stuck) means no go: the attempt ends as it always did,
-and a SIGTERM meanwhile (its node's agent or the orchestrator stopping the attempt) ends the wait.
+is a rank process's death, or else the earliest rank whose exception is not only a symptom of
+another's; its outcome (INFRA, USER_ERROR, CRASHED, KILLED, HUNG) must be retried by the spec and
+have budget left, which the orchestrator handed down at launch (WorkerConfig.in_place_budget) and
+counts again after the attempt; the same failure at the same step from the same copy twice is a
+crash loop. A rank that does not report within the collective timeout (its process died and was
+not replaced, or it is stuck) means no go: the attempt ends as it always did, and a SIGTERM
+meanwhile (its node's agent or the orchestrator stopping the attempt) ends the wait. Rank 0 counts
+the rounds in the store, so a replacement knows the round and the decisions before it.
 
 Imports, the interpreter and the process stay; the script's objects are built again by its own
 code (models, optimizers, loaders), and their state comes from the memory copy, not from storage.
