@@ -54,8 +54,9 @@ class WorkerConfig:
     world_size: int = 0  # the attempt's
     plain_checkpoint_dir: str | None = None  # workload.plain.checkpoint_dir: the agents copy and restore it
     plain_resume_args: tuple[str, ...] = ()  # workload.plain.resume_args: appended when a copy was restored
-    # fault_tolerance.in_process_restart: how many recoveries in place each outcome an exception can
-    # have (INFRA, USER_ERROR) has left in its budget; empty: none (runtime/in_place.py)
+    # fault_tolerance.in_process_restart: how many recoveries in place each outcome an exception or a
+    # rank's death can have (INFRA, USER_ERROR, CRASHED, KILLED, HUNG) has left in its budget; empty:
+    # none (runtime/in_place.py, backends/rank_replacement.py)
     in_place_budget: dict[str, int] = field(default_factory=dict)
     memory_every_steps: int | None = None  # checkpoint.memory_every_steps; None: as often as costs <= 2%
 

@@ -38,7 +38,7 @@ class AttemptPlan:
     code_version: str
     restore_prefix: str | None
     pause_at_steps: tuple[int, ...] = ()  # drills: every rank waits at each until its fault is in
-    # recoveries in place each exception outcome has left in its budget (failures.in_place_budget)
+    # recoveries in place each outcome has left in its budget (failures.in_place_budget)
     in_place_budget: dict[str, int] = field(default_factory=dict)
 
 
