@@ -58,13 +58,13 @@ def channel():
     server.close()
 
 
-def reporter(channel, rank: int, interval: float = 0.05) -> StatusReporter:
+def reporter(channel, rank: int, interval: float = 0.05, pid: int | None = None) -> StatusReporter:
+    """Rank `rank` on node `rank`, as process 100 + rank; with `pid`, a process started in its place."""
+    identity = {"rank": rank, "node": rank, "attempt": 1, "pid": 100 + rank}
+    if pid is not None:
+        identity.update(pid=pid, replaces=[100 + rank])
     return StatusReporter(
-        channel.address,
-        channel.token,
-        {"rank": rank, "node": rank, "attempt": 1, "pid": 100 + rank},
-        heartbeat_interval_s=interval,
-        orchestrator_timeout_s=30,
+        channel.address, channel.token, identity, heartbeat_interval_s=interval, orchestrator_timeout_s=30
     )
 
 
@@ -205,13 +205,7 @@ def test_a_frozen_rank_is_ended_for_its_replacement_in_place_and_the_attempt_goe
         alive.send(round_report(replaced=False))
         wait_until(lambda: channel.snapshot().in_place)
         time.sleep(1.0)
-        replacement = StatusReporter(
-            channel.address,
-            channel.token,
-            {"rank": 1, "node": 1, "attempt": 1, "pid": 555, "replaces": [101]},
-            heartbeat_interval_s=0.05,
-            orchestrator_timeout_s=30,
-        )
+        replacement = reporter(channel, 1, pid=555)
         replacement.send(round_report(replaced=True))
         time.sleep(0.8)  # the steps since come in late: the ranks stalled from the freeze to here
         for r in (alive, replacement):
@@ -249,13 +243,7 @@ def test_a_dead_rank_being_replaced_is_not_a_lost_node_while_its_new_process_sta
 
     def start_late():  # slower to say hello than the heartbeat timeout (a cold start, a busy host)
         time.sleep(1.5)
-        replacement = StatusReporter(
-            channel.address,
-            channel.token,
-            {"rank": 1, "node": 1, "attempt": 1, "pid": 555, "replaces": [101]},
-            heartbeat_interval_s=0.05,
-            orchestrator_timeout_s=30,
-        )
+        replacement = reporter(channel, 1, pid=555)
         for r in (alive, replacement):
             r.send(Progress(steps=[StepEntry(step=4, step_time_s=0.01)]))
             r.send(Finished(step=4, loss=0.5, params_sha256="a" * 64))
