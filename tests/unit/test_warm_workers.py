@@ -281,3 +281,17 @@ def test_a_scripts_exit_message_is_recorded_in_torchruns_error_file_as_record_wo
     error_file.unlink()
     assert ends("3").returncode == 3  # a bare exit code says nothing more than the code
     assert not error_file.exists()
+
+
+def test_closing_a_rank_the_zygote_already_reaped_closes_its_streams_and_does_not_raise(tmp_path):
+    # torchrun polls the rank's stand-in, finds it running, and signals its process group: between
+    # the two the zygote may have reaped it, and no process is left to signal
+    from trainflow.backends.warm.torchrun_hook import ForkingSubprocessHandler
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    gone.wait(timeout=60)
+    handler = ForkingSubprocessHandler.__new__(ForkingSubprocessHandler)
+    handler.proc = gone
+    handler._stdout, handler._stderr = open(tmp_path / "out", "w"), open(tmp_path / "err", "w")  # noqa: SIM115
+    handler.close(signal.SIGTERM)
+    assert handler._stdout.closed and handler._stderr.closed

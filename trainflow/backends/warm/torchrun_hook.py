@@ -30,6 +30,17 @@ class ForkingSubprocessHandler(SubprocessHandler):
             log.warning("rank %s starts cold: %s", self.local_rank_id, exc)
             return super()._popen(args, env)
 
+    def close(self, death_sig=None) -> None:
+        """torchrun's close, for a rank the zygote may have reaped since torchrun last polled it:
+        its process group is gone, and the signal finds no one (torchrun's own close would raise,
+        and end the agent before its failure report)."""
+        try:
+            super().close(death_sig)
+        except ProcessLookupError:
+            for stream in (self._stdout, self._stderr):
+                if stream is not None:
+                    stream.close()
+
 
 def _fd(stream, default: int) -> int:
     return stream.fileno() if stream is not None else default
