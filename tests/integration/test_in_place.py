@@ -113,15 +113,24 @@ def test_recoveries_in_place_spend_the_retry_budget_and_the_next_failure_ends_th
 
 
 def test_a_rank_that_dies_is_replaced_in_place_while_the_other_three_processes_go_on(cli_env, tmp_path):
-    baseline = run_cli(raising(tmp_path / "baseline", "SIGSEGV", at_steps=(0,)), cli_env)
+    # one checkpoint, at the end: a save in flight when a peer dies can keep its collective waiting
+    # past SAVE_ENDS_WITHIN_S on a loaded machine, and the round is then no go (a full restart)
+    only_final = "checkpoint.every_steps=30"
+    baseline = run_cli(raising(tmp_path / "baseline", "SIGSEGV", only_final, at_steps=(0,)), cli_env)
     assert baseline.returncode == 0, baseline.stderr[-4000:]
     result = run_cli(
-        raising(tmp_path, "SIGSEGV", "fault_tolerance.in_process_restart=true", "checkpoint.memory_every_steps=1"),
+        raising(
+            tmp_path,
+            "SIGSEGV",
+            only_final,
+            "fault_tolerance.in_process_restart=true",
+            "checkpoint.memory_every_steps=1",
+        ),
         cli_env,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     summary = summary_of(result)
-    assert [a["outcome"] for a in summary["attempts"]] == ["SUCCEEDED"]
+    assert [a["outcome"] for a in summary["attempts"]] == ["SUCCEEDED"], summary["attempts"][0]["reason"]
     # ranks 0, 2 and 3 ran the script again in their own processes; rank 1 is a new process
     pids = pids_of(tmp_path)
     assert all(len(runs) == 2 and runs[0] == runs[1] for rank, runs in pids.items() if rank != "rank-1"), pids
