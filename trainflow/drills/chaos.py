@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from trainflow.backends import Allocation, AttemptHandle, Launcher
 from trainflow.backends.abilities import CutsNodes, EndsRanks, KnowsRankProcesses, PreemptsNodes, SignalsRanks
 from trainflow.checkpoint.catalog import list_committed
-from trainflow.checkpoint.storage import Storage, open_storage
+from trainflow.checkpoint.storage import Storage, StorageError, open_storage
 from trainflow.drills.storage_proxy import relay_on
 from trainflow.orchestrator.status import StatusServer
 from trainflow.worker_config import (
@@ -412,9 +412,21 @@ def _slow_down(
             pass
 
 
-def corrupt_latest_checkpoint(uri: str, run_id: str) -> str:
-    """Flip bytes in the biggest file of the newest committed checkpoint; its size stays the same."""
+def corrupt_latest_checkpoint(uri: str, run_id: str, tries: int = 3) -> str:
+    """Flip bytes in the biggest file of the newest committed checkpoint; its size stays the same.
+    A checkpoint that goes between its listing and its damage (retention, a newer commit's snapshot)
+    is listed again."""
     storage = open_storage(uri)
+    for left in range(tries - 1, -1, -1):
+        try:
+            return _corrupt_newest(storage, uri, run_id)
+        except StorageError:
+            if not left:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _corrupt_newest(storage: Storage, uri: str, run_id: str) -> str:
     committed = list_committed(storage, run_id)
     if not committed:
         raise RuntimeError(f"no committed checkpoint of {run_id} to damage under {uri}")
