@@ -52,6 +52,7 @@ PROCESS_UNIT_MODULES = (
     "test_status_relay.py",
     "test_status_scale.py",
     "test_storage.py",
+    "test_throttle.py",
     "test_transfer_agent.py",
     "test_warm_head_start.py",
     "test_warm_workers.py",

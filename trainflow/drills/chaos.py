@@ -28,6 +28,7 @@ from trainflow.backends.abilities import CutsNodes, EndsRanks, KnowsRankProcesse
 from trainflow.checkpoint.catalog import list_committed
 from trainflow.checkpoint.storage import Storage, StorageError, open_storage
 from trainflow.drills.storage_proxy import relay_on
+from trainflow.drills.throttle import throttle_in_own_process
 from trainflow.orchestrator.status import StatusServer
 from trainflow.worker_config import (
     EXCEPTION_SIGNAL,
@@ -248,7 +249,8 @@ def _inject(
             record.injected_at = time.time()
             record.injected = True
             open_gate(allocation, handle, plan.at_step)  # the slowing down is the fault: training goes on under it
-            _slow_down(launcher, allocation, pid, plan.duration_s, handle)
+            launcher.signal_rank(allocation, pid, signal.SIGCONT)  # a process of this machine, or this fails
+            record.detail["frozen_times"] = throttle_in_own_process(pid, plan.duration_s, lambda: attempt_ended(handle))
             return record
         sig = {
             FaultKind.exception: EXCEPTION_SIGNAL,
@@ -383,33 +385,6 @@ def _newest_copy(storage: Storage, run_id: str, damaged: str | None) -> str | No
     restore (retention may remove it from the store before the run ends, so it is noted now)."""
     intact = [c for c in list_committed(storage, run_id) if not (damaged and damaged.startswith(f"{c.prefix}/"))]
     return f"{storage.uri}/{max(intact, key=lambda c: c.step).prefix}" if intact else None
-
-
-def _slow_down(
-    launcher: SignalsRanks,
-    allocation: Allocation,
-    pid: int,
-    duration_s: float,
-    handle: AttemptHandle,
-    frozen_s: float = 0.015,
-    running_s: float = 0.005,
-) -> None:
-    """Make one rank a straggler, as a throttled host would: from outside, freeze it for three
-    quarters of every 20 ms, for a while."""
-    end = time.monotonic() + duration_s
-    try:
-        while time.monotonic() < end and all(p.poll() is None for p in handle.processes.values()):
-            launcher.signal_rank(allocation, pid, signal.SIGSTOP)
-            time.sleep(frozen_s)
-            launcher.signal_rank(allocation, pid, signal.SIGCONT)
-            time.sleep(running_s)
-    except ProcessLookupError:
-        pass
-    finally:
-        try:
-            launcher.signal_rank(allocation, pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
 
 
 def corrupt_latest_checkpoint(uri: str, run_id: str, tries: int = 3) -> str:
