@@ -295,3 +295,53 @@ def test_closing_a_rank_the_zygote_already_reaped_closes_its_streams_and_does_no
     handler._stdout, handler._stderr = open(tmp_path / "out", "w"), open(tmp_path / "err", "w")  # noqa: SIM115
     handler.close(signal.SIGTERM)
     assert handler._stdout.closed and handler._stderr.closed
+
+
+SPARE_SCRIPT = """
+import json, os, sys
+print(json.dumps({"dynamo_imported": "torch._dynamo" in sys.modules, "env": dict(os.environ), "pid": os.getpid()}))
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def test_a_job_that_replaces_ranks_in_place_gets_its_next_rank_from_a_spare_with_torch_dynamo_imported(tmp_path):
+    import psutil
+
+    from trainflow.worker_config import MEMORY_COPIES_ENV
+
+    process, channel = start_zygote(["json"])
+    assert channel.wait_ready(120) is not None
+    script = tmp_path / "train.py"
+    script.write_text(SPARE_SCRIPT)
+    env = {"PATH": os.environ["PATH"], MEMORY_COPIES_ENV: str(tmp_path)}
+    seen = []
+    for code in (3, 4):
+        with open(tmp_path / f"out-{code}", "w") as out:
+            child = channel.fork(
+                WORKER, [sys.executable, "-u", str(script), str(code)], env, str(tmp_path), [0, out.fileno(), 2]
+            )
+            assert child.wait(120) == code
+        seen.append(json.loads((tmp_path / f"out-{code}").read_text()))
+    cold, spare = seen
+    assert not cold["dynamo_imported"] and spare["dynamo_imported"]
+    assert spare["env"] == env and spare["pid"] == child.pid
+    waiting = psutil.Process(process.pid).children()  # the next spare
+    assert len(waiting) == 1
+    channel.close()
+    assert process.wait(30) == 0
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in waiting)
+
+
+def test_a_job_without_in_place_replacement_gets_no_spare(tmp_path):
+    import psutil
+
+    process, channel = start_zygote(["json"])
+    assert channel.wait_ready(120) is not None
+    script = tmp_path / "train.py"
+    script.write_text(SPARE_SCRIPT)
+    with open(tmp_path / "out", "w") as out:
+        child = channel.fork(WORKER, [sys.executable, "-u", str(script), "0"], {}, str(tmp_path), [0, out.fileno(), 2])
+        assert child.wait(60) == 0
+    assert psutil.Process(process.pid).children() == []
+    channel.close()
+    assert process.wait(30) == 0

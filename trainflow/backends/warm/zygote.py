@@ -10,7 +10,10 @@ ends every child with SIGTERM, as a parent-death signal would, and the zygote le
 gone. An agent's channel ending (the agent is gone) ends that agent's ranks.
 
 A clone request gets a child that becomes a zygote of its own, on the channel and log the request
-hands over, with every import already done: one import for all the node slots of a host."""
+hands over, with every import already done: one import for all the node slots of a host.
+
+For a job that replaces dead ranks in place it keeps one spare rank process (spare.py), forked
+ahead once it has forked such a rank; the next rank it is asked for is that spare."""
 
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 
 from trainflow.backends.warm.child import AGENT, CHILD_SIGNALS, WORKER, Command, NotForkable, become, run
 from trainflow.backends.warm.protocol import ChannelClosed, receive_message, send_message
+from trainflow.backends.warm.spare import SPARE, wait_as_spare, wants_a_spare
 
 
 @dataclass
@@ -42,6 +46,12 @@ class Child:
     channel: Channel
     request: int
     role: str
+
+
+@dataclass
+class Spare:
+    pid: int
+    channel: socket.socket  # the zygote's end: the command it is to become goes down it
 
 
 @dataclass
@@ -66,6 +76,7 @@ class Zygote:
         self.control = Channel(control)
         self.channels = {control.fileno(): self.control}
         self.children: dict[int, Child] = {}
+        self.spare: Spare | None = None
         self.stop_grace_s = stop_grace_s
         self.ending_at: float | None = None
         self.selector = selectors.DefaultSelector()
@@ -108,6 +119,7 @@ class Zygote:
     def end(self) -> None:
         if self.ending_at is None:
             self.ending_at = time.monotonic()
+            self._drop_spare()
             self._signal_all(signal.SIGTERM)
 
     def _fork(self, channel: Channel, message: dict, fds: list[int]) -> Command | Clone | None:
@@ -123,6 +135,9 @@ class Zygote:
             self._send(channel, {"op": "refused", "id": request, "error": str(exc)})
             return None
         role = command.role if isinstance(command, Command) else ZYGOTE
+        spare_kept = isinstance(command, Command) and wants_a_spare(command)
+        if spare_kept and self._hand_to_spare(channel, request, message, fds):
+            return self._make_spare()
         agent_end = None
         if role == AGENT:
             agent_end, child_end = socket.socketpair()
@@ -157,11 +172,61 @@ class Zygote:
         self._send(channel, {"op": "started", "id": request, "pid": pid})
         if role == WORKER and owner is not None:
             self._send(self.control, {"op": "worker", "agent": owner, "pid": pid})
+        return self._make_spare() if spare_kept else None
+
+    def _hand_to_spare(self, channel: Channel, request: int, message: dict, fds: list[int]) -> bool:
+        """The spare becomes the requested rank; False where there is none (or it has just died)."""
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return False
+        try:
+            send_message(spare.channel, message, fds)
+        except OSError:
+            _signal_session(spare.pid, signal.SIGKILL)
+            return False
+        finally:
+            spare.channel.close()
+        _close_all(fds)
+        self.children[spare.pid] = Child(channel, request, WORKER)
+        self._send(channel, {"op": "started", "id": request, "pid": spare.pid})
+        if channel.agent_pid is not None:
+            self._send(self.control, {"op": "worker", "agent": channel.agent_pid, "pid": spare.pid})
+        return True
+
+    def _make_spare(self) -> Command | None:
+        """Fork the next spare (none while ending, or while one waits). In the spare, once it is
+        handed one, the command it becomes (os._exit where the zygote had no use for it)."""
+        if self.spare is not None or self.ending_at is not None:
+            return None
+        ours, theirs = socket.socketpair()
+        signal.pthread_sigmask(signal.SIG_BLOCK, CHILD_SIGNALS)
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()
+            ours.close()
+            self._leave_to_child()
+            handed = wait_as_spare(theirs)
+            if handed is None:
+                os._exit(0)
+            command, fds = handed
+            become(command, fds, None)
+            return command
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, CHILD_SIGNALS)
+        theirs.close()
+        self.spare = Spare(pid, ours)
+        self.children[pid] = Child(self.control, 0, SPARE)
         return None
+
+    def _drop_spare(self) -> None:
+        if self.spare is not None:
+            self.spare.channel.close()  # it leaves on its own; the SIGTERM to every child is for one still importing
+            self.spare = None
 
     def _leave_to_child(self) -> None:
         """The child keeps nothing of the zygote's: its channels, its wake-up pipe, its handlers."""
         self.selector.close()
+        if self.spare is not None:
+            self.spare.channel.close()
         for channel in self.channels.values():
             channel.sock.close()
         os.close(self.wakeup_read)
@@ -187,7 +252,10 @@ class Zygote:
             if pid == 0:
                 return
             child = self.children.pop(pid, None)
-            if child is not None:
+            if child is not None and child.role == SPARE:
+                if self.spare is not None and self.spare.pid == pid:
+                    self._drop_spare()  # died waiting: the next such rank is forked, and a new spare after it
+            elif child is not None:
                 self._send(
                     child.channel,
                     {"op": "exited", "id": child.request, "pid": pid, "returncode": os.waitstatus_to_exitcode(status)},
