@@ -392,13 +392,12 @@ def corrupt_latest_checkpoint(uri: str, run_id: str, tries: int = 3) -> str:
     A checkpoint that goes between its listing and its damage (retention, a newer commit's snapshot)
     is listed again."""
     storage = open_storage(uri)
-    for left in range(tries - 1, -1, -1):
+    for _ in range(tries - 1):
         try:
             return _corrupt_newest(storage, uri, run_id)
         except StorageError:
-            if not left:
-                raise
-    raise AssertionError("unreachable")
+            continue
+    return _corrupt_newest(storage, uri, run_id)
 
 
 def _corrupt_newest(storage: Storage, uri: str, run_id: str) -> str:

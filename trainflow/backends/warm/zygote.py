@@ -162,17 +162,20 @@ class Zygote:
         os.read(in_session, 1)  # returns once the child has its session (or has died)
         os.close(in_session)
         _close_all(fds)
-        owner = channel.agent_pid
         if agent_end is not None:
             child_end.close()
             agent = Channel(agent_end, agent_pid=pid)
             self.channels[agent_end.fileno()] = agent
             self.selector.register(agent_end, selectors.EVENT_READ)
+        self._started(channel, request, pid, role)
+        return self._make_spare() if spare_kept else None
+
+    def _started(self, channel: Channel, request: int, pid: int, role: str) -> None:
+        """`pid` is the requested process: its requester hears so, and for an agent's rank the launcher."""
         self.children[pid] = Child(channel, request, role)
         self._send(channel, {"op": "started", "id": request, "pid": pid})
-        if role == WORKER and owner is not None:
-            self._send(self.control, {"op": "worker", "agent": owner, "pid": pid})
-        return self._make_spare() if spare_kept else None
+        if role == WORKER and channel.agent_pid is not None:
+            self._send(self.control, {"op": "worker", "agent": channel.agent_pid, "pid": pid})
 
     def _hand_to_spare(self, channel: Channel, request: int, message: dict, fds: list[int]) -> bool:
         """The spare becomes the requested rank; False where there is none (or it has just died)."""
@@ -187,10 +190,7 @@ class Zygote:
         finally:
             spare.channel.close()
         _close_all(fds)
-        self.children[spare.pid] = Child(channel, request, WORKER)
-        self._send(channel, {"op": "started", "id": request, "pid": spare.pid})
-        if channel.agent_pid is not None:
-            self._send(self.control, {"op": "worker", "agent": channel.agent_pid, "pid": spare.pid})
+        self._started(channel, request, spare.pid, WORKER)
         return True
 
     def _make_spare(self) -> Command | None:
